@@ -1,0 +1,3 @@
+from vramgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""The ``gate`` fixture's object: what a test uses to record its metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from vramgate.metrics import Better, Kind, Metric, median
+
+
+class Gate:
+    """Records the metrics of one test.
+
+    At the end of the test the plugin checks each recorded metric against its
+    budget (``ceiling``/``floor``) and its stored baseline, and fails the test
+    with one message that lists every metric that falls short.
+    """
+
+    def __init__(self, nodeid: str, suite: str) -> None:
+        self.nodeid = nodeid
+        self.suite = suite
+        self.metrics: dict[str, Metric] = {}
+
+    def _add(self, metric: Metric) -> Metric:
+        if metric.name in self.metrics:
+            raise ValueError(f"metric {metric.name!r} was already recorded in {self.nodeid}")
+        self.metrics[metric.name] = metric
+        return metric
+
+    def record(
+        self,
+        name: str,
+        value: float,
+        *,
+        unit: str,
+        kind: Kind = "exact",
+        better: Better = "lower",
+        ceiling: float | None = None,
+        floor: float | None = None,
+        tolerance: float | None = None,
+    ) -> Metric:
+        """Record one metric of the running test.
+
+        ``unit`` is one of :data:`vramgate.metrics.UNITS` (``B``, ``s``,
+        ``ratio``, ``tokens``, ...); ``kind`` is ``exact`` (deterministic
+        accounting; compared with tolerance 0 unless given) or ``measured``
+        (use :meth:`record_samples` for those); ``better`` says which way is an
+        improvement; ``ceiling``/``floor`` are absolute budgets in ``unit``;
+        ``tolerance`` is relative (0.02 = 2%).
+        """
+        if kind == "measured":
+            raise ValueError(
+                f"metric {name!r}: a measured metric needs samples; use gate.record_samples(name, samples, ...)"
+            )
+        return self._add(
+            Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance)
+        )
+
+    def record_samples(
+        self,
+        name: str,
+        samples: Iterable[float],
+        *,
+        unit: str,
+        better: Better = "lower",
+        ceiling: float | None = None,
+        floor: float | None = None,
+        tolerance: float | None = None,
+    ) -> Metric:
+        """Record a measured metric from repeated samples (its value is their median).
+
+        Budgets apply to the median. Against the baseline the samples are
+        compared by the rule in :mod:`vramgate.stats` (default tolerance 5%).
+        """
+        values = [float(s) for s in samples]
+        if len(values) < 2:
+            raise ValueError(f"metric {name!r}: need at least 2 samples, got {len(values)}")
+        return self._add(
+            Metric(
+                name, median(values), unit, "measured", better,
+                ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values,
+            )
+        )

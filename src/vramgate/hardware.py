@@ -1,0 +1,179 @@
+"""Hardware fingerprint and the key baselines are stored under.
+
+Nothing here probes hardware at import. :func:`detect` looks, in order, at
+NVML (``nvidia-ml-py``), at torch's CUDA runtime when torch is installed, and
+at the CPU (``/proc/cpuinfo``). Keys are short, lower-case and stable:
+
+- GPU: ``<name>-<memory GiB>gb-x<count>``, e.g. ``nvidia-h200-141gb-x1``
+  (driver and CUDA versions are recorded in the fingerprint, not the key: a
+  driver update should be reported, not orphan every baseline).
+- CPU: ``cpu-<arch>-<model name>``, e.g. ``cpu-x86_64-amd-epyc``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def normalize(text: str) -> str:
+    """Lower-case *text* and squeeze everything but letters and digits into ``-``."""
+    text = re.sub(r"\((?:r|tm)\)", "", text.lower())
+    text = re.sub(r"\b(?:cpu|processor|\d+-core)\b", " ", text)
+    text = re.sub(r"@.*$", "", text)
+    return re.sub(r"[^a-z0-9._]+", "-", text).strip("-._") or "unknown"
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One visible GPU."""
+
+    name: str
+    memory_bytes: int
+    capability: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What the hardware is; ``key`` names the baseline folder."""
+
+    key: str
+    device: str  # "cuda" or "cpu"
+    arch: str
+    cpu_model: str
+    cpu_count: int
+    memory_bytes: int
+    gpus: tuple[GPUInfo, ...] = ()
+    driver: str | None = None
+    cuda: str | None = None
+    source: str = "detected"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = [
+            {**asdict(g), "capability": list(g.capability) if g.capability else None}
+            for g in self.gpus
+        ]
+        return data
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _gpus_from_nvml() -> tuple[tuple[GPUInfo, ...], str | None, str | None] | None:
+    try:
+        import pynvml  # type: ignore[import-not-found,import-untyped]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVML library missing or no driver: no GPU here.
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        gpus = []
+        for i in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            if isinstance(name, bytes):
+                name = name.decode()
+            mem = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            try:
+                cap = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+            except Exception:
+                cap = None
+            gpus.append(GPUInfo(str(name), mem, cap))  # type: ignore[arg-type]
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        cuda_v = pynvml.nvmlSystemGetCudaDriverVersion()
+        cuda = f"{cuda_v // 1000}.{cuda_v % 1000 // 10}"
+        return tuple(gpus), (driver.decode() if isinstance(driver, bytes) else str(driver)), cuda
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _gpus_from_torch() -> tuple[tuple[GPUInfo, ...], str | None, str | None] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        gpus.append(GPUInfo(props.name, int(props.total_memory), (props.major, props.minor)))
+    return tuple(gpus), None, torch.version.cuda
+
+
+def _filter_visible(gpus: tuple[GPUInfo, ...]) -> tuple[GPUInfo, ...]:
+    # NVML lists every GPU of the machine; CUDA_VISIBLE_DEVICES narrows what
+    # this process (and the engines it starts) can use.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return gpus
+    indices = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+    return tuple(gpus[i] for i in indices if i < len(gpus))
+
+
+def probe_gpus() -> tuple[tuple[GPUInfo, ...], str | None, str | None]:
+    """Visible GPUs, driver version and CUDA version; ``((), None, None)`` without a GPU."""
+    nvml = _gpus_from_nvml()
+    if nvml is not None:
+        return _filter_visible(nvml[0]), nvml[1], nvml[2]
+    return _gpus_from_torch() or ((), None, None)
+
+
+def visible_gpus() -> tuple[GPUInfo, ...]:
+    """The GPUs this process can use (empty on a CPU machine). Probes lazily."""
+    return probe_gpus()[0]
+
+
+def gpu_key(gpus: tuple[GPUInfo, ...]) -> str:
+    first = gpus[0]
+    gib = round(first.memory_bytes / 2**30)
+    return f"{normalize(first.name)}-{gib}gb-x{len(gpus)}"
+
+
+def detect() -> Fingerprint:
+    """Probe this machine and return its fingerprint (GPU if one is visible)."""
+    arch = platform.machine() or "unknown"
+    cpu_model = _cpu_model()
+    gpus, driver, cuda = probe_gpus()
+    common: dict[str, Any] = dict(
+        arch=arch, cpu_model=cpu_model, cpu_count=os.cpu_count() or 0, memory_bytes=_memory_bytes()
+    )
+    if gpus:
+        return Fingerprint(key=gpu_key(gpus), device="cuda", gpus=gpus, driver=driver, cuda=cuda, **common)
+    return Fingerprint(key=f"cpu-{normalize(arch)}-{normalize(cpu_model)}", device="cpu", **common)
+
+
+def with_key(fp: Fingerprint, key: str) -> Fingerprint:
+    """*fp* under an overridden key (``--gate-hardware``)."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", key):
+        raise ValueError(
+            f"hardware key {key!r} is not valid: use lower-case letters, digits, '.', '_' and '-'"
+        )
+    return Fingerprint(**{**fp.__dict__, "key": key, "source": "overridden"})

@@ -1,0 +1,363 @@
+"""The vramgate pytest plugin: options, markers, the ``gate`` fixture, checks, summary.
+
+Registered through the ``pytest11`` entry point ``vramgate``; disable with
+``-p no:vramgate``. Session state lives in one :class:`GateSession` object
+registered with the plugin manager under :data:`SESSION_NAME`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramgate import hardware
+from vramgate.baselines import (
+    BaselineError,
+    DirectoryStorage,
+    Provenance,
+    TestBaseline,
+)
+from vramgate.checks import Finding, check_baseline, check_budget
+from vramgate.gate import Gate
+from vramgate.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
+from vramgate.metrics import format_change
+from vramgate.provenance import git_commit, now_utc, software_versions, version_mismatches
+
+SESSION_NAME = "vramgate-session"
+MISSING_POLICIES = ("fail", "record", "skip")
+GATE_KEY = pytest.StashKey[Gate]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("vramgate", "vramgate: GPU memory and latency gate")
+    options: list[tuple[str, str, dict[str, Any], str]] = [
+        ("--gate-baselines", "gate_baselines", {"metavar": "DIR"},
+         "folder of baselines, <DIR>/<hardware key>/<suite>.json (default: baselines/)"),
+        ("--gate-hardware", "gate_hardware", {"metavar": "KEY"},
+         "hardware key to compare against, instead of the detected one"),
+        ("--gate-missing", "gate_missing", {"choices": MISSING_POLICIES},
+         "what a metric without a baseline does: fail (default), record it, or skip the comparison"),
+        ("--gate-report", "gate_report", {"metavar": "DIR"},
+         "write report.md, report.json and changes.png into DIR"),
+    ]
+    for flag, dest, extra, help_text in options:
+        group.addoption(flag, dest=dest, default=None, help=help_text, **extra)
+        parser.addini(dest, help=f"default of {flag}: {help_text}", default=None)
+    group.addoption(
+        "--gate-update", dest="gate_update", action="store_true", default=None,
+        help="write or refresh the baselines of the tests that ran (review and commit the diff)",
+    )
+    parser.addini("gate_update", type="bool", default=False, help="default of --gate-update")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in MARKERS:
+        config.addinivalue_line("markers", marker_help(name))
+    session = GateSession(config)
+    config.pluginmanager.register(session, SESSION_NAME)
+
+
+@pytest.fixture
+def gate(request: pytest.FixtureRequest) -> Gate:
+    """Record metrics of this test: ``gate.record(...)`` and ``gate.record_samples(...)``.
+
+    Every recorded metric is checked when the test ends, against its ceiling or
+    floor and against the baseline stored for this machine's hardware key; the
+    test fails with one message listing every metric that falls short.
+    """
+    session: GateSession = request.config.pluginmanager.get_plugin(SESSION_NAME)
+    item = request.node
+    recorder = Gate(item.nodeid, session.suite_for(item))
+    item.stash[GATE_KEY] = recorder
+    return recorder
+
+
+@dataclass
+class TestResult:
+    """The findings of one test, kept for the summary and the report."""
+
+    nodeid: str
+    suite: str
+    findings: list[Finding]
+    test_passed: bool
+    baseline_path: Path | None = None
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(f.failed for f in self.findings)
+
+
+class GateSession:
+    """Session state of the gate: options, hardware, baselines, findings."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        root = config.rootpath
+        cwd = config.invocation_params.dir
+
+        def opt(dest: str) -> tuple[Any, Path]:
+            value = config.getoption(dest)
+            if value is not None:
+                return value, cwd
+            return config.getini(dest), (config.inipath.parent if config.inipath else root)
+
+        baselines, base_dir = opt("gate_baselines")
+        self.baselines_dir = (base_dir / (baselines or "baselines")).resolve()
+        self.storage = DirectoryStorage(self.baselines_dir)
+        hardware_key, _ = opt("gate_hardware")
+        self.hardware_override: str | None = hardware_key or None
+        missing, _ = opt("gate_missing")
+        missing = missing or "fail"
+        if missing not in MISSING_POLICIES:
+            raise pytest.UsageError(f"gate_missing = {missing!r}: must be one of {', '.join(MISSING_POLICIES)}")
+        self.missing: str = missing
+        report, report_dir = opt("gate_report")
+        self.report_dir: Path | None = (report_dir / report).resolve() if report else None
+        update, _ = opt("gate_update")
+        self.update = bool(update)
+        self.results: list[TestResult] = []
+        self.pending: dict[str, dict[str, TestBaseline]] = {}
+        self.written: list[Path] = []
+        self.errors: list[str] = []
+        self._fingerprint: hardware.Fingerprint | None = None
+        self._gpus: tuple[hardware.GPUInfo, ...] | None = None
+        self._software: dict[str, str] | None = None
+        self._commit: str | None | bool = False
+
+    # -- lazily probed facts -------------------------------------------------
+
+    @property
+    def fingerprint(self) -> hardware.Fingerprint:
+        """This machine's fingerprint (probed on first use; ``--gate-hardware`` overrides the key)."""
+        if self._fingerprint is None:
+            fp = hardware.detect()
+            if self.hardware_override:
+                try:
+                    fp = hardware.with_key(fp, self.hardware_override)
+                except ValueError as exc:
+                    raise pytest.UsageError(f"--gate-hardware: {exc}") from None
+            self._fingerprint = fp
+        return self._fingerprint
+
+    @property
+    def gpus(self) -> tuple[hardware.GPUInfo, ...]:
+        if self._gpus is None:
+            self._gpus = hardware.visible_gpus()
+        return self._gpus
+
+    @property
+    def software(self) -> dict[str, str]:
+        if self._software is None:
+            self._software = software_versions()
+        return self._software
+
+    def provenance(self) -> Provenance:
+        if self._commit is False:
+            self._commit = git_commit(self.config.rootpath)
+        commit = self._commit if isinstance(self._commit, str) else None
+        return Provenance(commit=commit, date=now_utc(), software=self.software)
+
+    # -- collection ------------------------------------------------------------
+
+    def suite_for(self, item: pytest.Item) -> str:
+        """The suite (baseline file) of *item*: its ``gate_suite`` mark, else its folder under ``suites/``."""
+        mark = item.get_closest_marker("gate_suite")
+        if mark is not None:
+            return str(marker_value(mark, item.nodeid))
+        path = Path(item.nodeid.split("::", 1)[0])
+        parts = path.parts
+        if "suites" in parts[:-1]:
+            i = parts.index("suites")
+            if i + 2 < len(parts):
+                return parts[i + 1]
+        if len(parts) > 1:
+            return parts[-2]
+        stem = path.stem
+        return stem[5:] if stem.startswith("test_") else stem
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        try:
+            self.storage.validate_all()
+        except BaselineError as exc:
+            raise pytest.UsageError(f"unusable baseline file {exc}") from None
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            for mark in item.iter_markers():
+                if mark.name in MARKERS:
+                    marker_value(mark, item.nodeid)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        needs = [
+            HardwareNeed(mark.name, marker_value(mark, item.nodeid))
+            for mark in item.iter_markers()
+            if mark.name in HARDWARE_MARKERS
+        ]
+        if not needs:
+            return
+        gpus = self.gpus
+        for need in needs:
+            reason = need.unmet(gpus)
+            if reason:
+                pytest.skip(reason)
+
+    # -- checking ----------------------------------------------------------------
+
+    def evaluate(self, recorder: Gate, test_passed: bool) -> TestResult:
+        """Check every metric of *recorder* against budget and baseline."""
+        key = self.fingerprint.key
+        try:
+            stored = self.storage.load(key, recorder.suite)
+        except BaselineError as exc:
+            raise pytest.UsageError(f"unusable baseline file {exc}") from None
+        path = self.storage.path_for(key, recorder.suite)
+        entry = stored.tests.get(recorder.nodeid) if stored else None
+        findings: list[Finding] = []
+        mismatches = version_mismatches(entry.recorded.software, self.software) if entry else []
+        for metric in recorder.metrics.values():
+            budget = check_budget(metric)
+            base = entry.metrics.get(metric.name) if entry else None
+            if base is None:
+                verdict = {"fail": "missing", "record": "new", "skip": "not compared"}[self.missing]
+                if self.update:
+                    verdict = "new"
+                findings.append(Finding(metric, verdict, budget=budget))  # type: ignore[arg-type]
+                continue
+            verdict, change, how = check_baseline(metric, base)
+            if self.update and verdict != "ok":
+                verdict = "updated"
+            findings.append(
+                Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
+            )
+        result = TestResult(recorder.nodeid, recorder.suite, findings, test_passed, path, mismatches)
+        self.results.append(result)
+        self._queue_update(result, entry)
+        return result
+
+    def _queue_update(self, result: TestResult, entry: TestBaseline | None) -> None:
+        if not result.test_passed or any(f.budget for f in result.findings):
+            return  # a failing test's figures never become a baseline
+        if self.update:
+            metrics = {f.metric.name: f.metric for f in result.findings}
+        elif self.missing == "record" and any(f.verdict == "new" for f in result.findings):
+            metrics = dict(entry.metrics) if entry else {}
+            metrics.update({f.metric.name: f.metric for f in result.findings if f.verdict == "new"})
+        else:
+            return
+        self.pending.setdefault(result.suite, {})[result.nodeid] = TestBaseline(metrics, self.provenance())
+
+    def accept_command(self, nodeids: list[str]) -> str:
+        """The command that re-records the baselines of *nodeids* on this hardware."""
+        args = ["python", "-m", "pytest", *nodeids, "--gate-update"]
+        if self.hardware_override:
+            args += ["--gate-hardware", self.hardware_override]
+        default = (self.config.rootpath / "baselines").resolve()
+        if self.baselines_dir != default:
+            args += ["--gate-baselines", str(self.baselines_dir)]
+        return shlex.join(args)
+
+    def failure_message(self, result: TestResult) -> str:
+        failed = [f for f in result.findings if f.failed]
+        heads = []
+        for f in failed:
+            if f.budget:
+                heads.append(f"{f.metric.name} outside budget")
+            if f.verdict == "regressed":
+                heads.append(f"{f.metric.name} {format_change(f.change or 0.0)} vs baseline")
+            elif f.verdict in ("missing", "incompatible"):
+                heads.append(f"{f.metric.name} {f.verdict} baseline")
+        lines = [
+            f"vramgate: {'; '.join(heads)} "
+            f"({len(failed)} of {len(result.findings)} metric(s) fall short on hardware {self.fingerprint.key})",
+        ]
+        for f in failed:
+            m = f.metric
+            if f.budget:
+                lines.append(f"- {m.name}: {f.budget} [budget set in the test]")
+            if f.verdict == "missing":
+                lines.append(
+                    f"- {m.name}: now {m.show(precise=True)}; no baseline in {self._rel(result.baseline_path)} "
+                    f"(a gate that compares nothing passes nothing: record one, or run with --gate-missing=record)"
+                )
+            elif f.verdict in ("regressed", "incompatible") and f.baseline is not None:
+                change = format_change(f.change or 0.0)
+                lines.append(
+                    f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
+                    f"{change}, {f.verdict} ({f.detail})"
+                )
+                if f.provenance:
+                    lines.append(f"    baseline {self._rel(result.baseline_path)}, {f.provenance.describe()}")
+        if result.mismatches:
+            lines.append("! software differs from the baseline's: " + "; ".join(result.mismatches))
+        if any(f.verdict in ("regressed", "missing", "incompatible") for f in failed):
+            lines.append("To accept this on purpose, re-record the baseline and commit it for review:")
+            lines.append(f"    {self.accept_command([result.nodeid])}")
+            lines.append(f"    git add {self._rel(result.baseline_path)}")
+        return "\n".join(lines)
+
+    def _rel(self, path: Path | None) -> str:
+        if path is None:
+            return "?"
+        try:
+            return str(path.relative_to(self.config.rootpath))
+        except ValueError:
+            return str(path)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, Any, None]:
+        outcome = yield
+        report: pytest.TestReport = outcome.get_result()
+        if report.when != "call":
+            return
+        recorder = item.stash.get(GATE_KEY, None)
+        if recorder is None or not recorder.metrics:
+            return
+        result = self.evaluate(recorder, test_passed=report.passed)
+        report.sections.append(("vramgate", self.result_table(result)))
+        if result.failed and report.passed:
+            report.outcome = "failed"
+            report.longrepr = self.failure_message(result)
+        elif result.failed:
+            report.sections.append(("vramgate failures", self.failure_message(result)))
+
+    def result_table(self, result: TestResult) -> str:
+        from vramgate.report import rows_of, text_table
+
+        return text_table(rows_of([result]))
+
+    # -- session end -------------------------------------------------------------
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.pending:
+            fp = self.fingerprint
+            for suite, tests in sorted(self.pending.items()):
+                try:
+                    self.written.append(self.storage.update(fp.key, suite, fp.to_json(), tests))
+                except (OSError, BaselineError) as exc:
+                    self.errors.append(f"could not write the baseline of suite {suite!r}: {exc}")
+        if self.report_dir is not None and self.results:
+            from vramgate.report import write_report
+
+            try:
+                write_report(self, self.report_dir)
+            except OSError as exc:
+                self.errors.append(f"could not write the report into {self.report_dir}: {exc}")
+        if self.errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.results and not self.errors:
+            return
+        from vramgate.report import terminal_summary
+
+        terminal_summary(self, terminalreporter)

