@@ -361,7 +361,9 @@ def test_measured_metric_round_trip(pytester: pytest.Pytester, monkeypatch: pyte
     monkeypatch.setenv("SCALE", "1.2")
     result = pytester.runpytest(*HW)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*ttft: now 12 ms, baseline 9.97 ms: +20.89%, regressed (measured, median of 10 vs 10 samples*"])
+    result.stdout.fnmatch_lines(
+        ["*ttft: now 12 ms, baseline 9.97 ms: +20.89%, regressed (measured, median of 10 vs 10 samples*"]
+    )
 
 
 def test_record_errors_are_clear(pytester: pytest.Pytester) -> None:

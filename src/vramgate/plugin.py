@@ -22,14 +22,15 @@ from vramgate.baselines import (
     Provenance,
     TestBaseline,
 )
-from vramgate.checks import Finding, check_baseline, check_budget
-from vramgate.gate import Gate
+from vramgate.checks import Finding, Verdict, check_baseline, check_budget
+from vramgate.gate import Claim, Gate
 from vramgate.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
 from vramgate.metrics import format_change
 from vramgate.provenance import git_commit, now_utc, software_versions, version_mismatches
 
 SESSION_NAME = "vramgate-session"
 MISSING_POLICIES = ("fail", "record", "skip")
+MISSING_VERDICTS: dict[str, Verdict] = {"fail": "missing", "record": "new", "skip": "not compared"}
 GATE_KEY = pytest.StashKey[Gate]()
 
 
@@ -70,7 +71,8 @@ def gate(request: pytest.FixtureRequest) -> Gate:
     floor and against the baseline stored for this machine's hardware key; the
     test fails with one message listing every metric that falls short.
     """
-    session: GateSession = request.config.pluginmanager.get_plugin(SESSION_NAME)
+    session = request.config.pluginmanager.get_plugin(SESSION_NAME)
+    assert isinstance(session, GateSession), "the vramgate plugin is not configured"
     item = request.node
     recorder = Gate(item.nodeid, session.suite_for(item))
     item.stash[GATE_KEY] = recorder
@@ -122,13 +124,14 @@ class GateSession:
         update, _ = opt("gate_update")
         self.update = bool(update)
         self.results: list[TestResult] = []
+        self.claims: list[tuple[str, Claim]] = []
         self.pending: dict[str, dict[str, TestBaseline]] = {}
         self.written: list[Path] = []
         self.errors: list[str] = []
         self._fingerprint: hardware.Fingerprint | None = None
         self._gpus: tuple[hardware.GPUInfo, ...] | None = None
         self._software: dict[str, str] | None = None
-        self._commit: str | None | bool = False
+        self._commit: str | bool | None = False
 
     # -- lazily probed facts -------------------------------------------------
 
@@ -226,10 +229,8 @@ class GateSession:
             budget = check_budget(metric)
             base = entry.metrics.get(metric.name) if entry else None
             if base is None:
-                verdict = {"fail": "missing", "record": "new", "skip": "not compared"}[self.missing]
-                if self.update:
-                    verdict = "new"
-                findings.append(Finding(metric, verdict, budget=budget))  # type: ignore[arg-type]
+                missing: Verdict = "new" if self.update else MISSING_VERDICTS[self.missing]
+                findings.append(Finding(metric, missing, budget=budget))
                 continue
             verdict, change, how = check_baseline(metric, base)
             if self.update and verdict != "ok":
@@ -320,7 +321,10 @@ class GateSession:
         if report.when != "call":
             return
         recorder = item.stash.get(GATE_KEY, None)
-        if recorder is None or not recorder.metrics:
+        if recorder is None:
+            return
+        self.claims.extend((recorder.nodeid, c) for c in recorder.claims)
+        if not recorder.metrics:
             return
         result = self.evaluate(recorder, test_passed=report.passed)
         report.sections.append(("vramgate", self.result_table(result)))
@@ -345,7 +349,7 @@ class GateSession:
                     self.written.append(self.storage.update(fp.key, suite, fp.to_json(), tests))
                 except (OSError, BaselineError) as exc:
                     self.errors.append(f"could not write the baseline of suite {suite!r}: {exc}")
-        if self.report_dir is not None and self.results:
+        if self.report_dir is not None and (self.results or self.claims):
             from vramgate.report import write_report
 
             try:
@@ -356,7 +360,7 @@ class GateSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.results and not self.errors:
+        if not self.results and not self.errors and not self.claims:
             return
         from vramgate.report import terminal_summary
 

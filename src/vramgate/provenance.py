@@ -81,4 +81,4 @@ def git_commit(root: Path) -> str | None:
 
 def now_utc() -> str:
     """The current time, ISO 8601 in UTC, to the second."""
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")

@@ -58,7 +58,7 @@ def rows_of(results: list[TestResult]) -> list[Row]:
     rows = []
     for result in results:
         for f in result.findings:
-            verdict = "outside budget" if f.budget and f.verdict == "ok" else f.verdict
+            verdict: str = "outside budget" if f.budget and f.verdict == "ok" else f.verdict
             if f.budget and f.verdict != "ok":
                 verdict = f"{f.verdict}, outside budget"
             rows.append(
@@ -116,6 +116,10 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
     tr.write_sep("=", "vramgate")
     fp = session.fingerprint
     tr.write_line(f"hardware: {fp.key} ({fp.source}); baselines: {session.baselines_dir}")
+    for nodeid, claim in session.claims:
+        mark = "HELD" if claim.held else "NOT HELD"
+        tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=not claim.held)
+        tr.write_line(f"    {claim.evidence}  [{nodeid}]")
     for line in _mismatch_lines(session):
         tr.write_line(f"!! VERSION MISMATCH with baseline: {line}", red=True, bold=True)
     shown = rows if tr.config.option.verbose > 0 else [r for r in rows if r.verdict != "ok"]
@@ -174,6 +178,10 @@ def report_data(session: GateSession) -> dict[str, Any]:
         "update": session.update,
         "version_mismatches": _mismatch_lines(session),
         "tests": tests,
+        "claims": [
+            {"test": nodeid, "statement": c.statement, "held": c.held, "evidence": c.evidence, "source": c.source}
+            for nodeid, c in session.claims
+        ],
         "baselines_written": [session._rel(p) for p in session.written],
     }
 
@@ -197,6 +205,12 @@ def markdown(session: GateSession, plot: str | None) -> str:
     for line in _mismatch_lines(session):
         out.append(f"> **Version mismatch with baseline:** {line}")
     if _mismatch_lines(session):
+        out.append("")
+    if session.claims:
+        out += ["### Claims", "", "| verdict | claim | evidence | test |", "|---|---|---|---|"]
+        for nodeid, c in session.claims:
+            verdict = "✅ held" if c.held else "❌ not held"
+            out.append(f"| {verdict} | {_md_escape(c.statement)} | {_md_escape(c.evidence)} | `{nodeid}` |")
         out.append("")
     if failed:
         out += ["### Failing", ""]

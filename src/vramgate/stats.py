@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from vramgate.metrics import Better, median, relative_change
 
@@ -37,7 +37,7 @@ DEFAULT_SAMPLES = 15
 _EXACT_LIMIT = 40
 
 
-@lru_cache(maxsize=None)
+@cache
 def _u_counts(m: int, n: int) -> tuple[int, ...]:
     """Number of orderings of m x's and n y's for each value of U (x above y pairs)."""
     if m == 0 or n == 0:
@@ -86,7 +86,7 @@ def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> float:
     if tie_term == 0 and m <= _EXACT_LIMIT and n <= _EXACT_LIMIT:
         counts = _u_counts(m, n)
         total = sum(counts)
-        u_int = int(round(u))
+        u_int = round(u)
         return sum(counts[u_int:]) / total
     mean = m * n / 2.0
     nn = m + n

