@@ -72,7 +72,7 @@ class Provenance:
 
 
 @dataclass
-class TestBaseline:
+class NodeBaseline:
     """The stored metrics of one test, with their provenance."""
 
     metrics: dict[str, Metric]
@@ -92,7 +92,7 @@ class BaselineFile:
     path: Path
     suite: str
     hardware: dict[str, Any]
-    tests: dict[str, TestBaseline] = field(default_factory=dict)
+    tests: dict[str, NodeBaseline] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,7 +166,7 @@ def parse_baseline(path: Path, text: str) -> BaselineFile:
     _require(isinstance(hardware, dict), path, "hardware", "must be an object")
     tests_raw = data.get("tests")
     _require(isinstance(tests_raw, dict), path, "tests", "must be an object keyed by test node id")
-    tests: dict[str, TestBaseline] = {}
+    tests: dict[str, NodeBaseline] = {}
     for nodeid, entry in tests_raw.items():
         where = f"tests[{nodeid!r}]"
         _require(isinstance(entry, dict), path, where, "must be an object")
@@ -182,7 +182,7 @@ def parse_baseline(path: Path, text: str) -> BaselineFile:
         )
         commit = rec.get("commit")
         _require(commit is None or isinstance(commit, str), path, f"{where}.recorded.commit", "must be a string")
-        tests[nodeid] = TestBaseline(
+        tests[nodeid] = NodeBaseline(
             metrics={
                 name: _parse_metric(path, f"{where}.metrics[{name!r}]", name, raw)
                 for name, raw in metrics_raw.items()
@@ -203,7 +203,7 @@ class BaselineStorage(Protocol):
     def load(self, key: str, suite: str) -> BaselineFile | None:
         """The baseline of *suite* on hardware *key*, or None when there is none."""
 
-    def update(self, key: str, suite: str, hardware: dict[str, Any], tests: dict[str, TestBaseline]) -> Path:
+    def update(self, key: str, suite: str, hardware: dict[str, Any], tests: dict[str, NodeBaseline]) -> Path:
         """Merge *tests* into the stored baseline (replacing those node ids) and save it."""
 
     def validate_all(self) -> list[Path]:
@@ -267,7 +267,7 @@ class DirectoryStorage:
             self._cache[path] = self._read(path)
         return self._cache[path]
 
-    def update(self, key: str, suite: str, hardware: dict[str, Any], tests: dict[str, TestBaseline]) -> Path:
+    def update(self, key: str, suite: str, hardware: dict[str, Any], tests: dict[str, NodeBaseline]) -> Path:
         path = self.path_for(key, suite)
         with _locked(path.parent / f".{suite}.lock"):
             current = self._read(path) or BaselineFile(path=path, suite=suite, hardware=hardware)

@@ -19,8 +19,8 @@ from vramgate import hardware
 from vramgate.baselines import (
     BaselineError,
     DirectoryStorage,
+    NodeBaseline,
     Provenance,
-    TestBaseline,
 )
 from vramgate.checks import Finding, Verdict, check_baseline, check_budget
 from vramgate.gate import Claim, Gate
@@ -80,7 +80,7 @@ def gate(request: pytest.FixtureRequest) -> Gate:
 
 
 @dataclass
-class TestResult:
+class NodeResult:
     """The findings of one test, kept for the summary and the report."""
 
     nodeid: str
@@ -123,9 +123,9 @@ class GateSession:
         self.report_dir: Path | None = (report_dir / report).resolve() if report else None
         update, _ = opt("gate_update")
         self.update = bool(update)
-        self.results: list[TestResult] = []
+        self.results: list[NodeResult] = []
         self.claims: list[tuple[str, Claim]] = []
-        self.pending: dict[str, dict[str, TestBaseline]] = {}
+        self.pending: dict[str, dict[str, NodeBaseline]] = {}
         self.written: list[Path] = []
         self.errors: list[str] = []
         self._fingerprint: hardware.Fingerprint | None = None
@@ -214,7 +214,7 @@ class GateSession:
 
     # -- checking ----------------------------------------------------------------
 
-    def evaluate(self, recorder: Gate, test_passed: bool) -> TestResult:
+    def evaluate(self, recorder: Gate, test_passed: bool) -> NodeResult:
         """Check every metric of *recorder* against budget and baseline."""
         key = self.fingerprint.key
         try:
@@ -238,12 +238,12 @@ class GateSession:
             findings.append(
                 Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
             )
-        result = TestResult(recorder.nodeid, recorder.suite, findings, test_passed, path, mismatches)
+        result = NodeResult(recorder.nodeid, recorder.suite, findings, test_passed, path, mismatches)
         self.results.append(result)
         self._queue_update(result, entry)
         return result
 
-    def _queue_update(self, result: TestResult, entry: TestBaseline | None) -> None:
+    def _queue_update(self, result: NodeResult, entry: NodeBaseline | None) -> None:
         if not result.test_passed or any(f.budget for f in result.findings):
             return  # a failing test's figures never become a baseline
         if self.update:
@@ -253,7 +253,7 @@ class GateSession:
             metrics.update({f.metric.name: f.metric for f in result.findings if f.verdict == "new"})
         else:
             return
-        self.pending.setdefault(result.suite, {})[result.nodeid] = TestBaseline(metrics, self.provenance())
+        self.pending.setdefault(result.suite, {})[result.nodeid] = NodeBaseline(metrics, self.provenance())
 
     def accept_command(self, nodeids: list[str]) -> str:
         """The command that re-records the baselines of *nodeids* on this hardware."""
@@ -265,7 +265,7 @@ class GateSession:
             args += ["--gate-baselines", str(self.baselines_dir)]
         return shlex.join(args)
 
-    def failure_message(self, result: TestResult) -> str:
+    def failure_message(self, result: NodeResult) -> str:
         failed = [f for f in result.findings if f.failed]
         heads = []
         for f in failed:
@@ -334,7 +334,7 @@ class GateSession:
         elif result.failed:
             report.sections.append(("vramgate failures", self.failure_message(result)))
 
-    def result_table(self, result: TestResult) -> str:
+    def result_table(self, result: NodeResult) -> str:
         from vramgate.report import rows_of, text_table
 
         return text_table(rows_of([result]))

