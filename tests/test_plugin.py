@@ -59,7 +59,7 @@ def test_planted_regression_fails_with_numbers_and_command(
     out = result.stdout.str()
     assert "page_bytes: now 69,632 B (68.00 KiB), baseline 65,536 B (64.00 KiB): +6.25%, regressed" in out
     assert "exact, lower is better, tolerance 0.00%" in out
-    assert "baselines/test-hw/kv.json, recorded 20" in out
+    assert "Baseline: baselines/test-hw/kv.json, recorded 20" in out
     assert "python -m pytest test_kv.py::test_kv --gate-update --gate-hardware test-hw" in out
     assert "git add baselines/test-hw/kv.json" in out
     # the capacity metric did not move and is not blamed

@@ -294,8 +294,9 @@ class GateSession:
                     f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
                     f"{change}, {f.verdict} ({f.detail})"
                 )
-                if f.provenance:
-                    lines.append(f"    baseline {self._rel(result.baseline_path)}, {f.provenance.describe()}")
+        provenance = next((f.provenance for f in failed if f.provenance), None)
+        if provenance:
+            lines.append(f"Baseline: {self._rel(result.baseline_path)}, {provenance.describe()}")
         if result.mismatches:
             lines.append("! software differs from the baseline's: " + "; ".join(result.mismatches))
         if any(f.verdict in ("regressed", "missing", "incompatible") for f in failed):
