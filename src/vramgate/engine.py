@@ -27,7 +27,7 @@ from typing import Any
 from vramgate.models import ModelConfigError, load_model
 from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
 
-#: Block sizes vLLM's attention backends accept (CPU: MLA only 16; full attention multiples of 16).
+#: Block sizes the gate runs (GPU backends take all; vLLM's CPU backends: see :func:`cpu_backend_problem`).
 BLOCK_SIZES = (16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -63,7 +63,7 @@ class EngineSpec:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     kv_budget_gib: float = 0.25
-    """KV cache budget: ``VLLM_CPU_KVCACHE_SPACE`` on CPU, ``kv_cache_memory_bytes`` on GPU."""
+    """KV cache budget in GiB, passed to vLLM as ``kv_cache_memory_bytes`` (CPU and GPU)."""
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
@@ -102,7 +102,36 @@ class EngineSpec:
         return dataclasses.replace(self, **changes)
 
 
-def validate(spec: EngineSpec, root: Path) -> None:
+def engine_tier() -> str:
+    """``cpu`` when the installed vLLM is the CPU build (vllm-cpu), else ``gpu``."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return "cpu"
+    except metadata.PackageNotFoundError:
+        return "gpu"
+
+
+def cpu_backend_problem(spec: EngineSpec, use_mla: bool) -> str | None:
+    """Why vLLM 0.32.0's CPU attention backends cannot run *spec*, or None.
+
+    CPU_MLA runs block size 16 only (vLLM silently overrides others); CPU_ATTN
+    needs a multiple of 32 ("No common block size"); fp8 KV with CPU_MLA fails at
+    the first decode step.
+    """
+    if use_mla and spec.block_size != 16:
+        return f"spec field 'block_size' = {spec.block_size}: vLLM's CPU MLA backend runs block size 16 only"
+    if not use_mla and spec.block_size % 32:
+        return (f"spec field 'block_size' = {spec.block_size}: vLLM's CPU attention backend needs a multiple of 32 "
+                f"(accepted here: {', '.join(str(b) for b in BLOCK_SIZES if b % 32 == 0)})")
+    if use_mla and spec.kv_cache_dtype.startswith("fp8"):
+        return (f"spec field 'kv_cache_dtype' = {spec.kv_cache_dtype!r}: vLLM's CPU MLA backend cannot decode "
+                "from an fp8 KV cache (accepted here: auto)")
+    return None
+
+
+def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
     """Reject a spec that cannot run, before an engine starts; the error names the field."""
 
     def bad(field_name: str, value: object, accepted: str) -> SpecError:
@@ -132,10 +161,14 @@ def validate(spec: EngineSpec, root: Path) -> None:
         raise bad("tensor_parallel_size", spec.tensor_parallel_size, "need at least 1")
     if spec.timeout_s <= 0:
         raise bad("timeout_s", spec.timeout_s, "need a positive number of seconds")
-    # A request must fit in the KV budget: one full-length request needs this many bytes.
+    if (tier or engine_tier()) == "cpu":
+        problem = cpu_backend_problem(spec, shape.use_mla)
+        if problem:
+            raise SpecError(problem)
+    # A request of max_model_len must fit in the KV budget, next to vLLM's null block.
     per_token = shape.bytes_per_token(spec.kv_cache_dtype if spec.kv_cache_dtype != "bfloat16" else "auto")
     budget = int(spec.kv_budget_gib * 2**30)
-    need = -(-spec.max_model_len // spec.block_size) * spec.block_size * per_token
+    need = (-(-spec.max_model_len // spec.block_size) + 1) * spec.block_size * per_token
     if need > budget:
         raise SpecError(
             f"spec field 'kv_budget_gib' = {spec.kv_budget_gib!r} is too small: one request of max_model_len "
@@ -201,9 +234,14 @@ def engine_env(spec: EngineSpec, run_dir: Path, extra_pythonpath: list[Path] | N
         "TMPDIR": str(tmp),
         "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor"),
         "TRITON_CACHE_DIR": str(run_dir / "triton"),
-        "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_budget_gib:g}",
         "PYTHONUNBUFFERED": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     })
+    # Note [KV budget] in engine_worker: the budget goes in as kv_cache_memory_bytes.
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    # One OpenMP thread per engine on CPU: with two threads on a two-core machine, any other
+    # load makes OpenMP barriers stall decode steps by an order of magnitude.
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.update(spec.env)
     paths = [str(p) for p in (extra_pythonpath or [])]
     here = str(Path(__file__).resolve().parents[1])  # the folder that holds this vramgate package

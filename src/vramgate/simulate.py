@@ -94,6 +94,73 @@ class SimResult:
         return data
 
 
+class SchedulerProbe:
+    """Watches a live vLLM scheduler: blocks in use, preemptions, recomputed tokens, waste.
+
+    Used by the simulator and by the engine worker alike. :meth:`observe` is
+    called right after each ``schedule()`` with the step's weight (its virtual
+    or measured duration). Preemptions are seen by wrapping the scheduler's
+    ``_preempt_request``; a preempted request's computed tokens are its
+    high-water mark, and scheduled positions below it count as recomputed
+    (positions recovered from the prefix cache are not scheduled, so not counted).
+    """
+
+    def __init__(self, sched: Any, block_size: int, *, keep_trace: bool = False) -> None:
+        self.sched = sched
+        self.block_size = block_size
+        self.pool = sched.kv_cache_manager.block_pool
+        self.usable = self.pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
+        managers = sched.kv_cache_manager.coordinator.single_type_managers
+        self.req_to_blocks = [m.req_to_blocks for m in managers]
+        self.lost: dict[str, int] = {}
+        self.preemptions = self.recomputed = self.peak = self.violations = self.steps = 0
+        self.waste_weighted = self.weight = self.waste_max = 0.0
+        self.trace: list[int] | None = [] if keep_trace else None
+        self._original = sched._preempt_request
+
+        def preempt(request: Any, timestamp: float, drop_stale_output: bool = False) -> Any:
+            self.lost[request.request_id] = max(self.lost.get(request.request_id, 0), request.num_computed_tokens)
+            self.preemptions += 1
+            return self._original(request, timestamp, drop_stale_output=drop_stale_output)
+
+        sched._preempt_request = preempt
+
+    def restore(self) -> None:
+        self.sched._preempt_request = self._original
+
+    def observe(self, out: Any, weight: float = 1.0) -> None:
+        sched, bs = self.sched, self.block_size
+        if self.lost:
+            for rid, k in out.num_scheduled_tokens.items():
+                hw = self.lost.get(rid)
+                if hw is not None:
+                    end = sched.requests[rid].num_computed_tokens
+                    if end - k < hw:
+                        self.recomputed += min(hw, end) - (end - k)
+                    if end >= hw:
+                        del self.lost[rid]
+        used = self.usable - self.pool.get_num_free_blocks()
+        self.peak = max(self.peak, used)
+        if self.trace is not None:
+            self.trace.append(used)
+        held = owned = 0
+        for r in sched.running:
+            held += r.num_computed_tokens
+            owned += len(self.req_to_blocks[0][r.request_id])
+        self.steps += 1
+        if owned:  # Note [waste]
+            waste = (owned * bs - held) / (owned * bs)
+            if held and waste > (bs - 1) * len(sched.running) / (owned * bs) + 1e-12:
+                self.violations += 1
+            self.waste_max = max(self.waste_max, waste)
+            self.waste_weighted += waste * weight
+            self.weight += weight
+
+    @property
+    def waste_mean(self) -> float:
+        return self.waste_weighted / self.weight if self.weight else 0.0
+
+
 def _build_config(model_dir: Path, *, block_size: int, max_model_len: int, max_num_seqs: int,
                   max_num_batched_tokens: int, enable_prefix_caching: bool, async_scheduling: bool,
                   kv_cache_dtype: str) -> tuple[Any, dict[str, list[Any]]]:
@@ -252,29 +319,14 @@ def simulate(
     order = sorted(range(n), key=lambda i: (specs[i].arrival_s, i))
     t_setup = time.perf_counter() - t0
 
-    pool = sched.kv_cache_manager.block_pool
-    usable = pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
-    (manager,) = sched.kv_cache_manager.coordinator.single_type_managers
-    req_to_blocks = manager.req_to_blocks
-    lost: dict[str, int] = {}  # request id -> computed tokens lost at its preemption (high-water)
-    preemptions = 0
-    original_preempt = sched._preempt_request
-
-    def preempt(request: Any, timestamp: float, drop_stale_output: bool = False) -> Any:
-        nonlocal preemptions
-        lost[request.request_id] = max(lost.get(request.request_id, 0), request.num_computed_tokens)
-        preemptions += 1
-        return original_preempt(request, timestamp, drop_stale_output=drop_stale_output)
-
-    sched._preempt_request = preempt
+    probe = SchedulerProbe(sched, sched_bs, keep_trace=keep_trace)
     # The per-step payload for model workers changes no scheduler state; there are no workers.
     sched._make_cached_request_data = lambda *a, **k: CachedRequestData.make_empty()
 
     a, b, c = step_cost
-    clock = busy = waste_tw = waste_max = 0.0
-    steps = idle = recomputed = peak = out_tokens = scheduled = finished = violations = 0
+    clock = busy = 0.0
+    steps = idle = out_tokens = scheduled = finished = 0
     finish_time = [0.0] * n
-    trace: list[int] = []
     nxt = 0
     inflight: deque[tuple[Any, Any, float, int]] = deque()
     depth = 2 if cfg.scheduler_config.async_scheduling else 1
@@ -296,36 +348,15 @@ def simulate(
                 ntok = out.total_num_scheduled_tokens
                 if ntok:
                     ids = list(out.num_scheduled_tokens)
-                    sampled: list[list[int]] = []
-                    for rid, k in out.num_scheduled_tokens.items():
-                        r = sched.requests[rid]
-                        if lost:
-                            hw = lost.get(rid)
-                            if hw is not None:
-                                end = r.num_computed_tokens
-                                if end - k < hw:
-                                    recomputed += min(hw, end) - (end - k)
-                                if end >= hw:
-                                    del lost[rid]
-                        sampled.append([] if r.is_prefill_chunk else [100 + r.num_computed_tokens % 31000])
+                    dt = a + b * ntok + c * len(ids)
+                    probe.observe(out, dt)
+                    sampled = [
+                        [] if r.is_prefill_chunk else [100 + r.num_computed_tokens % 31000]
+                        for r in (sched.requests[rid] for rid in ids)
+                    ]
                     runner_out = ModelRunnerOutput(
                         req_ids=ids, req_id_to_index={rid: j for j, rid in enumerate(ids)}, sampled_token_ids=sampled,
                     )
-                    used = usable - pool.get_num_free_blocks()
-                    peak = max(peak, used)
-                    if keep_trace:
-                        trace.append(used)
-                    dt = a + b * ntok + c * len(ids)
-                    held = owned = 0
-                    for r in sched.running:
-                        held += r.num_computed_tokens
-                        owned += len(req_to_blocks[r.request_id])
-                    if owned:
-                        waste = (owned * sched_bs - held) / (owned * sched_bs)
-                        if held and waste > (sched_bs - 1) * len(sched.running) / (owned * sched_bs) + 1e-12:
-                            violations += 1
-                        waste_max = max(waste_max, waste)
-                        waste_tw += waste * dt
                     inflight.appendleft((out, runner_out, dt, ntok))
                     if len(inflight) < depth:
                         continue
@@ -356,7 +387,7 @@ def simulate(
         gc.unfreeze()
         if gc_enabled:
             gc.enable()
-        sched._preempt_request = original_preempt
+        probe.restore()
     stats = sched.kv_cache_manager.prefix_cache_stats
     settings = {
         "chunked_prefill": cfg.scheduler_config.enable_chunked_prefill,
@@ -371,14 +402,14 @@ def simulate(
     }
     return SimResult(
         model=model_dir.name, workload=workload.name, requests=n, seed=workload.seed, block_size=sched_bs,
-        num_gpu_blocks=num_gpu_blocks, usable_blocks=usable, settings=settings, config_overrides=overrides,
-        steps=steps, peak_blocks_used=peak, preemptions=preemptions,
-        preempted_requests=sum(1 for r in reqs if r.num_preemptions), recomputed_tokens=recomputed,
+        num_gpu_blocks=num_gpu_blocks, usable_blocks=probe.usable, settings=settings, config_overrides=overrides,
+        steps=steps, peak_blocks_used=probe.peak, preemptions=probe.preemptions,
+        preempted_requests=sum(1 for r in reqs if r.num_preemptions), recomputed_tokens=probe.recomputed,
         prefix_cache_queries=int(stats.queries), prefix_cache_hits=int(stats.hits),
-        internal_waste_mean=waste_tw / busy if busy else 0.0, internal_waste_max=waste_max,
-        waste_bound_violations=violations, output_tokens=out_tokens, scheduled_tokens=scheduled,
+        internal_waste_mean=probe.waste_mean, internal_waste_max=probe.waste_max,
+        waste_bound_violations=probe.violations, output_tokens=out_tokens, scheduled_tokens=scheduled,
         virtual_makespan_s=clock, throughput_tokens_per_s=out_tokens / clock if clock else 0.0,
         mean_latency_s=sum(finish_time[i] - specs[i].arrival_s for i in range(n)) / n,
-        peak_blocks_by_step=trace,
+        peak_blocks_by_step=probe.trace or [],
         timing={"import_s": t_import, "setup_s": t_setup, "loop_s": t_loop, "total_s": time.perf_counter() - t0},
     )

@@ -1,0 +1,261 @@
+"""The engine subprocess: ``python -m vramgate.engine_worker SPEC.json RESULT.json``.
+
+Runs vLLM's offline ``LLM`` on one :class:`~vramgate.engine.EngineSpec` and
+writes an :class:`~vramgate.engine.EngineResult` as JSON. Started by
+:func:`vramgate.engine.run_engine`, which sets the environment.
+
+Note [in-process engine]: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's
+engine core (scheduler, KV cache manager and, on CPU and single-GPU, the model
+worker) in this process. That makes the process's peak RSS the engine's, and
+lets :class:`~vramgate.simulate.SchedulerProbe` watch the real scheduler step by
+step (blocks in use, preemptions, recomputed tokens, waste). Latencies come
+from vLLM's own per-request stats (``disable_log_stats=False``).
+
+Note [KV budget]: the budget is passed as ``kv_cache_memory_bytes``.
+``VLLM_CPU_KVCACHE_SPACE`` is removed from the environment: vLLM parses it as
+whole GiB and, when set, it overrides ``kv_cache_memory_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from vramgate.engine import EngineSpec
+from vramgate.metrics import median
+from vramgate.models import load_model
+from vramgate.workloads import build
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def q(p: float) -> float:
+        k = (len(ordered) - 1) * p
+        lo = int(k)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+    return {"mean": sum(ordered) / len(ordered), "p50": median(ordered), "p90": q(0.9), "p99": q(0.99),
+            "max": ordered[-1]}
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            out["vllm"] = metadata.version(dist)
+            out["vllm_distribution"] = dist
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        out["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        pass
+    return out
+
+
+def _worker_figures(worker: Any) -> dict[str, Any]:
+    """Weights and KV tensor bytes, read inside the model worker."""
+    runner = worker.model_runner
+    seen: set[int] = set()
+    weights = 0
+    for t in list(runner.model.parameters()) + list(runner.model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            weights += t.numel() * t.element_size()
+    seen.clear()
+    kv = 0
+    caches = getattr(runner, "kv_caches", None) or []
+    for t in caches:
+        if hasattr(t, "untyped_storage") and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            kv += t.untyped_storage().nbytes()
+    groups = []
+    config = getattr(runner, "kv_cache_config", None)
+    for g in getattr(config, "kv_cache_groups", []):
+        spec = g.kv_cache_spec
+        groups.append({"spec": type(spec).__name__, "layers": len(g.layer_names), "block_size": spec.block_size,
+                       "page_bytes": spec.page_size_bytes})
+    return {"weights_bytes": weights, "kv_tensor_bytes": kv, "groups": groups,
+            "model_memory_usage": getattr(runner, "model_memory_usage", None)}
+
+
+def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vramgate.simulate import SchedulerProbe
+
+    t_import = time.perf_counter() - t0
+    shape = load_model(root, spec.model)
+    workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
+                     arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
+    kwargs: dict[str, Any] = dict(
+        model=str(shape.path.parent), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
+        block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
+        enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
+        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=int(spec.kv_budget_gib * 2**30),
+        seed=spec.seed, disable_log_stats=False,
+    )
+    if spec.attention_backend:
+        kwargs["attention_backend"] = spec.attention_backend
+    if spec.quantization:
+        kwargs["quantization"] = spec.quantization
+    kwargs.update(spec.engine_args)
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    t1 = time.perf_counter()
+    llm = LLM(**kwargs)
+    t_init = time.perf_counter() - t1
+    engine = llm.llm_engine
+    cfg = engine.vllm_config
+    cache, sched_cfg = cfg.cache_config, cfg.scheduler_config
+    notes = []
+    if cache.block_size != spec.block_size:
+        notes.append(f"vLLM ran with block_size {cache.block_size}, not the {spec.block_size} asked for")
+    if not sched_cfg.enable_chunked_prefill:
+        notes.append("chunked prefill is off in this engine (vLLM's platform turned it off)")
+    if spec.enable_prefix_caching and not cache.enable_prefix_caching:
+        notes.append("prefix caching is off in this engine (vLLM's platform turned it off)")
+    worker = engine.collective_rpc(_worker_figures)[0]
+
+    core = getattr(engine.engine_core, "engine_core", None)
+    if core is None:
+        raise RuntimeError("the engine core is not in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    sched = core.scheduler
+    probe = SchedulerProbe(sched, cache.block_size)
+    original_schedule = sched.schedule
+
+    def schedule(*args: Any, **kw: Any) -> Any:
+        out = original_schedule(*args, **kw)
+        if out.total_num_scheduled_tokens:
+            probe.observe(out, 1.0)
+        return out
+
+    sched.schedule = schedule
+    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(shape_vocab(cfg))]
+    params = [SamplingParams(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True, temperature=0.0,
+                             seed=spec.seed + i) for i, r in enumerate(workload.requests)]
+    t2 = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    t_generate = time.perf_counter() - t2
+    probe.restore()
+    sched.schedule = original_schedule
+
+    ttft, tpot, e2e, queue = [], [], [], []
+    out_tokens = preempted = cached = 0
+    for ro in outputs:
+        n = len(ro.outputs[0].token_ids)
+        out_tokens += n
+        cached += ro.num_cached_tokens or 0
+        m = ro.metrics
+        if m is None:
+            continue
+        decode = m.last_token_ts - m.first_token_ts
+        ttft.append(m.first_token_latency)
+        e2e.append(m.first_token_latency + decode)
+        queue.append(m.scheduled_ts - m.queued_ts)
+        if n > 1:
+            tpot.append(decode / (n - 1))
+        preempted += m.num_preemptions or 0
+    stats = sched.kv_cache_manager.prefix_cache_stats
+    memory: dict[str, Any] = {
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "weights_bytes": worker["weights_bytes"],
+        "kv_tensor_bytes": worker["kv_tensor_bytes"],
+        "vllm_model_memory_usage": worker["model_memory_usage"],
+    }
+    if on_gpu:
+        memory["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        memory["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    page = worker["groups"][0]["page_bytes"] if worker["groups"] else None
+    layers = sum(g["layers"] for g in worker["groups"])
+    return {
+        "spec": spec.to_json(),
+        "versions": _versions(),
+        "device": torch.cuda.get_device_name(0) if on_gpu else f"cpu ({platform.machine()})",
+        "kv": {
+            "block_size": cache.block_size,
+            "num_gpu_blocks": cache.num_gpu_blocks,
+            "usable_blocks": cache.num_gpu_blocks - 1,
+            "page_bytes": page,
+            "num_layers": layers,
+            "bytes_per_token": page * layers // cache.block_size if page else None,
+            "capacity_tokens": cache.kv_cache_size_tokens,
+            "budget_bytes": kwargs["kv_cache_memory_bytes"],
+            "groups": worker["groups"],
+        },
+        "memory": memory,
+        "scheduler": {
+            "steps": probe.steps,
+            "peak_blocks_in_use": probe.peak,
+            "preemptions": probe.preemptions,
+            "preemptions_by_request": preempted,
+            "recomputed_tokens": probe.recomputed,
+            "prefix_cache_queries": int(stats.queries) if stats else None,
+            "prefix_cache_hits": int(stats.hits) if stats else None,
+            "cached_prompt_tokens": cached,
+            "internal_waste_mean": probe.waste_mean,
+            "internal_waste_max": probe.waste_max,
+            "chunked_prefill": sched_cfg.enable_chunked_prefill,
+            "prefix_caching": cache.enable_prefix_caching,
+            "async_scheduling": sched_cfg.async_scheduling,
+        },
+        "latency": {
+            "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue,
+            "ttft": _percentiles(ttft), "tpot": _percentiles(tpot), "e2e": _percentiles(e2e),
+            "output_tokens": out_tokens,
+            "prompt_tokens": workload.prompt_tokens,
+            "output_throughput_tokens_per_s": out_tokens / t_generate if t_generate else 0.0,
+        },
+        "timing": {"import_s": t_import, "init_s": t_init, "generate_s": t_generate,
+                   "total_s": time.perf_counter() - t0},
+        "notes": notes,
+    }
+
+
+def shape_vocab(cfg: Any) -> int:
+    return int(cfg.model_config.get_vocab_size())
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m vramgate.engine_worker SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    data = json.loads(spec_path.read_text(encoding="utf-8"))
+    spec = EngineSpec.from_json(data["spec"], str(spec_path))
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget]
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # Note [in-process engine]
+    try:
+        result = run(spec, Path(data["root"]))
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # vLLM may leave threads behind that would block a normal exit
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
