@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec
 from vramgate.models import ModelShape, load_model
+from vramgate.simulate import SimResult, simulate
+from vramgate.workloads import Workload
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +61,48 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         mp.setenv("VLLM_NO_USAGE_STATS", "1")
         mp.setenv("VLLM_DO_NOT_TRACK", "1")
         yield run_dir
+
+
+class Engine:
+    """Runs engine specs once per session; a crash or timeout fails the test with the log tail."""
+
+    def __init__(self, cache: EngineCache) -> None:
+        self.cache = cache
+
+    def run(self, spec: EngineSpec) -> EngineResult:
+        try:
+            return self.cache.run(spec)
+        except EngineError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def engine(vllm_env: Path, project_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """Run vLLM's offline engine on an :class:`~vramgate.engine.EngineSpec`: ``engine.run(spec)``.
+
+    Each distinct spec runs once per session, in a subprocess, with its files in
+    this session's temporary folder.
+    """
+    return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine")))
+
+
+class Simulator:
+    """vLLM's scheduler on a workload, memoized per session (same inputs, same figures)."""
+
+    def __init__(self, loader: ModelLoader) -> None:
+        self.loader = loader
+        self._results: dict[str, SimResult] = {}
+
+    def run(self, model: str, workload: Workload, **kwargs: object) -> SimResult:
+        import json
+
+        key = json.dumps([model, workload.to_json(), sorted(kwargs.items())], sort_keys=True, default=str)
+        if key not in self._results:
+            self._results[key] = simulate(self.loader.path(model), workload, **kwargs)  # type: ignore[arg-type]
+        return self._results[key]
+
+
+@pytest.fixture(scope="session")
+def simulator(vllm_env: Path, model_shape: ModelLoader) -> Simulator:
+    """Run a workload through vLLM's real scheduler: ``simulator.run(model, workload, block_size=..., ...)``."""
+    return Simulator(model_shape)

@@ -218,8 +218,14 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def engine_env(spec: EngineSpec, run_dir: Path, extra_pythonpath: list[Path] | None = None) -> dict[str, str]:
-    """The environment of an engine subprocess: offline, caches and temp files inside *run_dir*."""
+def engine_env(
+    spec: EngineSpec, run_dir: Path, extra_pythonpath: list[Path] | None = None, cache_root: Path | None = None
+) -> dict[str, str]:
+    """The environment of an engine subprocess: offline, caches and temp files inside *run_dir*.
+
+    *cache_root* (default ``run_dir/cache``) lets the runs of one gate session share
+    vLLM's cache of model inspections, which saves seconds per engine start.
+    """
     env = dict(os.environ)
     tmp = run_dir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -227,7 +233,7 @@ def engine_env(spec: EngineSpec, run_dir: Path, extra_pythonpath: list[Path] | N
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HOME": str(run_dir / "hf"),
-        "VLLM_CACHE_ROOT": str(run_dir / "cache"),
+        "VLLM_CACHE_ROOT": str(cache_root or run_dir / "cache"),
         "VLLM_CONFIG_ROOT": str(run_dir / "config"),
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1",
@@ -266,7 +272,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_engine(
-    spec: EngineSpec, root: Path, run_dir: Path, *, extra_pythonpath: list[Path] | None = None
+    spec: EngineSpec, root: Path, run_dir: Path, *, extra_pythonpath: list[Path] | None = None,
+    cache_root: Path | None = None,
 ) -> EngineResult:
     """Run *spec* in a subprocess with its files in *run_dir*; :class:`EngineError` on failure."""
     validate(spec, root)
@@ -279,7 +286,7 @@ def run_engine(
     start = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=engine_env(spec, run_dir, extra_pythonpath),
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=engine_env(spec, run_dir, extra_pythonpath, cache_root),
             cwd=run_dir, start_new_session=True,
         )
         try:
@@ -332,7 +339,9 @@ class EngineCache:
         key = spec.key()
         if key not in self._results:
             try:
-                self._results[key] = run_engine(spec, self.root, self.base_dir / f"{spec.model}-{key}")
+                self._results[key] = run_engine(
+                    spec, self.root, self.base_dir / f"{spec.model}-{key}", cache_root=self.base_dir / "vllm-cache"
+                )
             except EngineError as exc:
                 self._results[key] = exc
         outcome = self._results[key]

@@ -157,10 +157,11 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     probe.restore()
     sched.schedule = original_schedule
 
-    ttft, tpot, e2e, queue = [], [], [], []
+    ttft, tpot, e2e, queue, lens = [], [], [], [], []
     out_tokens = preempted = cached = 0
     for ro in outputs:
         n = len(ro.outputs[0].token_ids)
+        lens.append(n)
         out_tokens += n
         cached += ro.num_cached_tokens or 0
         m = ro.metrics
@@ -217,7 +218,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
             "async_scheduling": sched_cfg.async_scheduling,
         },
         "latency": {
-            "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue,
+            "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue, "output_lens": lens,
             "ttft": _percentiles(ttft), "tpot": _percentiles(tpot), "e2e": _percentiles(e2e),
             "output_tokens": out_tokens,
             "prompt_tokens": workload.prompt_tokens,

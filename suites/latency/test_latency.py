@@ -1,0 +1,37 @@
+"""Per-request latency and throughput of the real engine, as measured metrics.
+
+TTFT, TPOT and end-to-end latency come from vLLM's own request stats; each
+request is one sample. On the CPU tier the engine runs one OpenMP thread on a
+shared machine, so these gate only gross regressions (tolerance 100%: a
+doubling fails); on a GPU box the default 5% applies.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vramgate.engine import EngineSpec, engine_tier
+from vramgate.gate import Gate
+
+MODEL = ["tiny-llama", "tiny-deepseek-v2"]
+TOLERANCE = 1.0 if engine_tier() == "cpu" else None
+
+
+def latency_spec(model: str) -> EngineSpec:
+    # The same spec as the capacity suite's first case per model: the session runs it once.
+    block_size = 16 if model == "tiny-deepseek-v2" or engine_tier() == "gpu" else 32
+    return EngineSpec(model=model, workload="fixed", requests=16, block_size=block_size, max_model_len=1024,
+                      kv_budget_gib=0.25)
+
+
+@pytest.mark.parametrize("model", MODEL)
+def test_engine_latency(gate: Gate, engine, model: str) -> None:
+    result = engine.run(latency_spec(model))
+    lat = result.latency
+    assert len(lat["ttft_s"]) == 16, "vLLM returned no per-request stats (disable_log_stats must be False)"
+    gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TOLERANCE)
+    gate.record_samples("tpot", lat["tpot_s"], unit="s", tolerance=TOLERANCE)
+    gate.record_samples("e2e", lat["e2e_s"], unit="s", tolerance=TOLERANCE)
+    per_request = [n / e for n, e in zip(lat["output_lens"], lat["e2e_s"], strict=True) if e > 0]
+    gate.record_samples("request_throughput", per_request, unit="tokens/s", better="higher", tolerance=TOLERANCE)
+    assert lat["output_tokens"] == 16 * 64

@@ -1,0 +1,133 @@
+"""The engine runner's host side without vLLM: spec validation, crash, timeout, no leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from vramgate.engine import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_spec_round_trip_and_key() -> None:
+    spec = EngineSpec(model="tiny-llama", block_size=32)
+    assert EngineSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    assert spec.key() == spec.replace(timeout_s=5).key()
+    assert spec.key() != spec.replace(block_size=64).key()
+
+
+def test_unknown_spec_field() -> None:
+    with pytest.raises(SpecError, match=r"spec\.json: unknown field\(s\) blok_size; accepted: arrival_rate, "):
+        EngineSpec.from_json({"model": "tiny-llama", "blok_size": 16}, "spec.json")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model": "gpt-9"}, "spec field 'model': unknown model 'gpt-9'"),
+        ({"workload": "nope"}, "spec field 'workload' = 'nope' is not accepted; accepted: fixed, "),
+        ({"block_size": 24}, "spec field 'block_size' = 24 is not accepted; accepted: 16, 32, 64, 128"),
+        ({"kv_cache_dtype": "int2"}, "spec field 'kv_cache_dtype' = 'int2' is not accepted"),
+        ({"kv_budget_gib": 0.0001}, "spec field 'kv_budget_gib' = 0.0001 is too small: one request of max_model_len"),
+        ({"workload_params": {"prompt": 3}}, "spec field 'workload': workload 'fixed': "),
+    ],
+)
+def test_bad_specs_fail_before_an_engine_starts(changes: dict[str, object], message: str) -> None:
+    spec = EngineSpec(model="tiny-llama", block_size=32).replace(**changes)
+    with pytest.raises(SpecError) as info:
+        validate(spec, ROOT, tier="gpu")
+    assert message in str(info.value)
+
+
+def test_cpu_backend_limits() -> None:
+    assert cpu_backend_problem(EngineSpec(model="m", block_size=16), use_mla=False) == (
+        "spec field 'block_size' = 16: vLLM's CPU attention backend needs a multiple of 32 (accepted here: 32, 64, 128)"
+    )
+    assert "runs block size 16 only" in (cpu_backend_problem(EngineSpec(model="m", block_size=64), use_mla=True) or "")
+    assert "fp8" in (cpu_backend_problem(EngineSpec(model="m", kv_cache_dtype="fp8"), use_mla=True) or "")
+    assert cpu_backend_problem(EngineSpec(model="m", block_size=32), use_mla=False) is None
+
+
+def _workers() -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"vramgate.engine_worker" in cmd and b"fake-worker" in cmd:
+                out.append(int(pid))
+    return out
+
+
+@pytest.fixture
+def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in ``vramgate.engine_worker`` on PYTHONPATH whose behaviour the test chooses."""
+    pkg = tmp_path / "fake-worker" / "vramgate"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.setattr("vramgate.engine.validate", lambda spec, root, tier=None: None)
+    return pkg
+
+
+def _run(fake: Path, tmp_path: Path, code: str, timeout: float = 30) -> None:
+    (fake / "engine_worker.py").write_text(code)
+    spec = EngineSpec(model="tiny-llama", block_size=32, timeout_s=timeout)
+    run_engine(spec, ROOT, tmp_path / "run", extra_pythonpath=[fake.parent])
+
+
+def test_crash_carries_the_log_tail(fake_worker: Path, tmp_path: Path) -> None:
+    with pytest.raises(EngineError) as info:
+        _run(fake_worker, tmp_path, "print('loading model'); raise SystemExit('CUDA out of memory (simulated)')")
+    text = str(info.value)
+    assert "engine for tiny-llama exited with status 1" in text
+    assert "loading model" in text and "CUDA out of memory (simulated)" in text
+    assert info.value.run_dir == tmp_path / "run"
+
+
+def test_killed_engine_is_reported_as_possible_oom(fake_worker: Path, tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match=r"was killed by SIGKILL \(out of memory\?\)"):
+        _run(fake_worker, tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+
+
+def test_timeout_kills_the_whole_process_group(fake_worker: Path, tmp_path: Path) -> None:
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', 'vramgate.engine_worker', "
+        "'fake-worker'])\n"
+        "print('engine core started', flush=True); time.sleep(600)\n"
+    )
+    with pytest.raises(EngineError, match="timed out after 2 s and was killed") as info:
+        _run(fake_worker, tmp_path, code, timeout=2)
+    assert "engine core started" in str(info.value)
+    assert _workers() == []
+
+
+def test_missing_result_is_an_error(fake_worker: Path, tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="left no readable result"):
+        _run(fake_worker, tmp_path, "pass")
+
+
+def test_caches_and_temp_files_stay_in_the_run_folder(fake_worker: Path, tmp_path: Path) -> None:
+    code = (
+        "import json, os, sys\n"
+        "keys = ['VLLM_CACHE_ROOT', 'VLLM_CONFIG_ROOT', 'HF_HOME', 'TMPDIR', 'HF_HUB_OFFLINE', 'OMP_NUM_THREADS',"
+        " 'VLLM_ENABLE_V1_MULTIPROCESSING']\n"
+        "env = {k: os.environ.get(k) for k in keys}\n"
+        "json.dump({'spec': {}, 'versions': {}, 'device': 'cpu', 'kv': {}, 'memory': {}, 'scheduler': {},"
+        " 'latency': {}, 'timing': {}, 'notes': [env]}, open(sys.argv[2], 'w'))\n"
+    )
+    (fake_worker / "engine_worker.py").write_text(code)
+    result = run_engine(EngineSpec(model="tiny-llama", block_size=32), ROOT, tmp_path / "run",
+                        extra_pythonpath=[fake_worker.parent])
+    env = result.notes[0]
+    run = str(tmp_path / "run")
+    for key in ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "HF_HOME", "TMPDIR"):
+        assert env[key].startswith(run), (key, env[key])
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
