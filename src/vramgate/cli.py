@@ -54,6 +54,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from vramgate.workloads import build
 
     root = _project_root(args.root)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the result
     shape = load_model(root, args.model)
     workload = build(args.workload, requests=args.requests, seed=args.seed, max_model_len=args.max_model_len,
                      arrival_rate=args.arrival_rate, root=root)
