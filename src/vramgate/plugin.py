@@ -45,6 +45,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
          "what a metric without a baseline does: fail (default), record it, or skip the comparison"),
         ("--gate-report", "gate_report", {"metavar": "DIR"},
          "write report.md, report.json and changes.png into DIR"),
+        ("--gate-shard", "gate_shard", {"metavar": "I/N"},
+         "run shard I of N (1-based) of the collected tests; merge shard reports with 'vramgate report merge'"),
     ]
     for flag, dest, extra, help_text in options:
         group.addoption(flag, dest=dest, default=None, help=help_text, **extra)
@@ -61,6 +63,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", marker_help(name))
     session = GateSession(config)
     config.pluginmanager.register(session, SESSION_NAME)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> ``(2, 4)``; a :class:`pytest.UsageError` for anything else."""
+    try:
+        index, count = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--gate-shard {text!r}: expected I/N, e.g. 1/2") from None
+    if not 1 <= index <= count:
+        raise pytest.UsageError(f"--gate-shard {text!r}: I must be between 1 and N")
+    return index, count
 
 
 @pytest.fixture
@@ -123,6 +136,8 @@ class GateSession:
         self.report_dir: Path | None = (report_dir / report).resolve() if report else None
         update, _ = opt("gate_update")
         self.update = bool(update)
+        shard, _ = opt("gate_shard")
+        self.shard: tuple[int, int] | None = parse_shard(shard) if shard else None
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, Claim]] = []
         self.pending: dict[str, dict[str, NodeBaseline]] = {}
@@ -191,11 +206,22 @@ class GateSession:
         except BaselineError as exc:
             raise pytest.UsageError(f"unusable baseline file {exc}") from None
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         for item in items:
             for mark in item.iter_markers():
                 if mark.name in MARKERS:
                     marker_value(mark, item.nodeid)
+        if self.shard is None:
+            return
+        # Note [shards]: round-robin over the sorted node ids: every shard of one run
+        # collects the same tests, so the shards partition them exactly.
+        index, count = self.shard
+        order = {nodeid: i for i, nodeid in enumerate(sorted(item.nodeid for item in items))}
+        keep = [item for item in items if order[item.nodeid] % count == index - 1]
+        dropped = [item for item in items if order[item.nodeid] % count != index - 1]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -255,15 +281,19 @@ class GateSession:
             return
         self.pending.setdefault(result.suite, {})[result.nodeid] = NodeBaseline(metrics, self.provenance())
 
-    def accept_command(self, nodeids: list[str]) -> str:
-        """The command that re-records the baselines of *nodeids* on this hardware."""
-        args = ["python", "-m", "pytest", *nodeids, "--gate-update"]
+    def accept_args(self) -> list[str]:
+        """The options after the node ids in the command that re-records baselines on this hardware."""
+        args = ["--gate-update"]
         if self.hardware_override:
             args += ["--gate-hardware", self.hardware_override]
         default = (self.config.rootpath / "baselines").resolve()
         if self.baselines_dir != default:
             args += ["--gate-baselines", str(self.baselines_dir)]
-        return shlex.join(args)
+        return args
+
+    def accept_command(self, nodeids: list[str]) -> str:
+        """The command that re-records the baselines of *nodeids* on this hardware."""
+        return shlex.join(["python", "-m", "pytest", *nodeids, *self.accept_args()])
 
     def failure_message(self, result: NodeResult) -> str:
         failed = [f for f in result.findings if f.failed]

@@ -8,8 +8,10 @@ report says the plot was left out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,16 +147,18 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
 
 
 def report_data(session: GateSession) -> dict[str, Any]:
-    """Everything the gate found, as plain JSON data."""
+    """Everything the gate found, as plain JSON data (what ``report.md`` is made from; shards merge it)."""
     tests = []
-    for result in session.results:
+    for result in sorted(session.results, key=lambda r: r.nodeid):
         tests.append({
             "nodeid": result.nodeid,
             "suite": result.suite,
             "test_passed": result.test_passed,
             "failed": result.failed,
+            "message": session.failure_message(result) if result.failed else None,
             "baseline_file": session._rel(result.baseline_path),
             "version_mismatches": result.mismatches,
+            "rows": [dataclasses.asdict(r) for r in rows_of([result])],
             "metrics": [
                 {
                     "name": f.metric.name,
@@ -171,18 +175,53 @@ def report_data(session: GateSession) -> dict[str, Any]:
             ],
         })
     return {
+        "schema": 1,
         "hardware": session.fingerprint.to_json(),
         "software": session.software,
-        "baselines": str(session.baselines_dir),
         "missing_policy": session.missing,
         "update": session.update,
-        "version_mismatches": _mismatch_lines(session),
+        "accept_args": session.accept_args(),
+        "version_mismatches": sorted(_mismatch_lines(session)),
         "tests": tests,
-        "claims": [
-            {"test": nodeid, "statement": c.statement, "held": c.held, "evidence": c.evidence, "source": c.source}
-            for nodeid, c in session.claims
-        ],
-        "baselines_written": [session._rel(p) for p in session.written],
+        "claims": sorted(
+            ({"test": nodeid, "statement": c.statement, "held": c.held, "evidence": c.evidence, "source": c.source}
+             for nodeid, c in session.claims),
+            key=lambda c: (c["test"], c["statement"]),
+        ),
+        "baselines_written": sorted(session._rel(p) for p in session.written),
+    }
+
+
+class ReportError(ValueError):
+    """Reports that cannot be merged (unreadable, or from different hardware or settings)."""
+
+
+def merge_reports(parts: list[dict[str, Any]], names: list[str] | None = None) -> dict[str, Any]:
+    """One report from the reports of several shards of one run (same hardware key and settings)."""
+    if not parts:
+        raise ReportError("no reports to merge")
+    names = names or [f"report {i + 1}" for i in range(len(parts))]
+    first = parts[0]
+    for name, part in zip(names, parts, strict=True):
+        if part.get("schema") != 1 or not isinstance(part.get("tests"), list):
+            raise ReportError(f"{name}: not a vramgate report.json (schema 1)")
+        if part["hardware"].get("key") != first["hardware"].get("key"):
+            raise ReportError(f"{name}: hardware key {part['hardware'].get('key')!r} differs from {names[0]}'s "
+                              f"{first['hardware'].get('key')!r}; shards of one run share a key")
+        for key in ("missing_policy", "update", "accept_args"):
+            if part.get(key) != first.get(key):
+                raise ReportError(f"{name}: {key} {part.get(key)!r} differs from {names[0]}'s {first.get(key)!r}")
+    tests = sorted((t for p in parts for t in p["tests"]), key=lambda t: t["nodeid"])
+    seen = [t["nodeid"] for t in tests]
+    duplicates = sorted({n for n in seen if seen.count(n) > 1})
+    if duplicates:
+        raise ReportError(f"test(s) reported by more than one shard: {', '.join(duplicates[:5])}")
+    return {
+        **first,
+        "version_mismatches": sorted({m for p in parts for m in p["version_mismatches"]}),
+        "tests": tests,
+        "claims": sorted((c for p in parts for c in p["claims"]), key=lambda c: (c["test"], c["statement"])),
+        "baselines_written": sorted({b for p in parts for b in p["baselines_written"]}),
     }
 
 
@@ -190,34 +229,42 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown(session: GateSession, plot: str | None) -> str:
-    rows = rows_of(session.results)
+def _rows(data: dict[str, Any]) -> list[Row]:
+    return [Row(**r) for t in data["tests"] for r in t["rows"]]
+
+
+def accept_command(data: dict[str, Any], nodeids: list[str]) -> str:
+    return shlex.join(["python", "-m", "pytest", *nodeids, *data["accept_args"]])
+
+
+def markdown(data: dict[str, Any], plot: str | None) -> str:
+    """``report.md`` (GitHub-flavoured: job summary, PR comment) from :func:`report_data`."""
+    rows = _rows(data)
     failed = [r for r in rows if r.failed]
-    fp = session.fingerprint
     status = "❌ regression" if failed else "✅ pass"
     out = [
         f"## vramgate: {status}",
         "",
-        f"Hardware `{fp.key}` · {len(session.results)} test(s) · {len(rows)} metric(s) · "
+        f"Hardware `{data['hardware']['key']}` · {len(data['tests'])} test(s) · {len(rows)} metric(s) · "
         f"{len(failed)} failing",
         "",
     ]
-    for line in _mismatch_lines(session):
+    for line in data["version_mismatches"]:
         out.append(f"> **Version mismatch with baseline:** {line}")
-    if _mismatch_lines(session):
+    if data["version_mismatches"]:
         out.append("")
-    if session.claims:
+    if data["claims"]:
         out += ["### Claims", "", "| verdict | claim | evidence | test |", "|---|---|---|---|"]
-        for nodeid, c in session.claims:
-            verdict = "✅ held" if c.held else "❌ not held"
-            out.append(f"| {verdict} | {_md_escape(c.statement)} | {_md_escape(c.evidence)} | `{nodeid}` |")
+        for c in data["claims"]:
+            verdict = "✅ held" if c["held"] else "❌ not held"
+            out.append(f"| {verdict} | {_md_escape(c['statement'])} | {_md_escape(c['evidence'])} | `{c['test']}` |")
         out.append("")
     if failed:
         out += ["### Failing", ""]
-        for result in session.results:
-            if result.failed:
-                out += [f"<details open><summary><code>{result.nodeid}</code></summary>", "", "```",
-                        session.failure_message(result), "```", "</details>", ""]
+        for test in data["tests"]:
+            if test["failed"]:
+                out += [f"<details open><summary><code>{test['nodeid']}</code></summary>", "", "```",
+                        test["message"], "```", "</details>", ""]
     out += ["### Metrics", "", "| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
     for row in _sorted_rows(rows):
         cells = list(_cells(row, short=False))
@@ -226,8 +273,7 @@ def markdown(session: GateSession, plot: str | None) -> str:
     out.append("")
     improved = sorted({r.test for r in rows if r.verdict == "improved"})
     if improved:
-        out += [f"{len(improved)} test(s) beat their baseline; ratchet with "
-                f"`{session.accept_command(improved)}`.", ""]
+        out += [f"{len(improved)} test(s) beat their baseline; ratchet with `{accept_command(data, improved)}`.", ""]
     out.append(f"![changes]({plot})" if plot else "_Plot left out: matplotlib is not installed._")
     out.append("")
     return "\n".join(out)
@@ -266,10 +312,27 @@ def plot_changes(rows: list[Row], path: Path) -> bool:
     return True
 
 
-def write_report(session: GateSession, directory: Path) -> None:
+def write_report_data(data: dict[str, Any], directory: Path) -> None:
     """Write ``report.json``, ``changes.png`` (when matplotlib is there) and ``report.md`` into *directory*."""
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(directory / "report.json",
-                      json.dumps(report_data(session), indent=2, sort_keys=True) + "\n")
-    plot = "changes.png" if plot_changes(rows_of(session.results), directory / "changes.png") else None
-    atomic_write_text(directory / "report.md", markdown(session, plot))
+    atomic_write_text(directory / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+    plot = "changes.png" if plot_changes(_rows(data), directory / "changes.png") else None
+    atomic_write_text(directory / "report.md", markdown(data, plot))
+
+
+def write_report(session: GateSession, directory: Path) -> None:
+    """The session's report into *directory* (see :func:`write_report_data`)."""
+    write_report_data(report_data(session), directory)
+
+
+def merge_report_files(paths: list[Path], directory: Path) -> dict[str, Any]:
+    """Merge the ``report.json`` of several shards and write the merged report into *directory*."""
+    parts = []
+    for path in paths:
+        try:
+            parts.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ReportError(f"{path}: cannot be read as a report ({exc})") from None
+    merged = merge_reports(parts, [str(p) for p in paths])
+    write_report_data(merged, directory)
+    return merged
