@@ -408,16 +408,17 @@ def test_other(gate):
 def test_merged_shard_reports_equal_the_unsharded_report(pytester: pytest.Pytester,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_shards=SHARD_FILE)
-    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=8)
+    # In subprocesses: matplotlib cannot be imported again in a process where pytester unloaded it.
+    run = pytester.runpytest_subprocess
+    run(*HW, "--gate-update").assert_outcomes(passed=8)
     monkeypatch.setenv("BUMP", "1")  # one regression, so the report has a failing section too
-    pytester.runpytest(*HW, "--gate-report", "full").assert_outcomes(passed=7, failed=1)
-    one = pytester.runpytest(*HW, "--gate-report", "s1", "--gate-shard", "1/2")
-    two = pytester.runpytest(*HW, "--gate-report", "s2", "--gate-shard", "2/2")
+    run(*HW, "--gate-report", "full").assert_outcomes(passed=7, failed=1)
+    one = run(*HW, "--gate-report", "s1", "--gate-shard", "1/2")
+    two = run(*HW, "--gate-report", "s2", "--gate-shard", "2/2")
     outcomes = [one.parseoutcomes(), two.parseoutcomes()]
     assert sum(o.get("passed", 0) + o.get("failed", 0) for o in outcomes) == 8
     assert all(o.get("deselected", 0) == 4 for o in outcomes)
     p = pytester.path
-    # In a subprocess: matplotlib cannot be imported again in a process where pytester unloaded it.
     merged = pytester.run(sys.executable, "-m", "vramgate", "report", "merge", p / "s1", p / "s2" / "report.json",
                           "--out", p / "merged")
     assert merged.ret == 1  # one failing test in the merged report
