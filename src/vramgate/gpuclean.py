@@ -1,0 +1,108 @@
+"""Stray GPU processes on a CI runner: find them (NVML) and end them, before and after a gate run.
+
+A gate job that crashed or timed out can leave an engine holding device
+memory; the next job would then measure someone else's allocations. Only
+processes of the runner's own user are touched, never the caller or its
+ancestors; other users' processes are reported, since they make measured
+metrics untrustworthy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    uid: int | None
+    used_bytes: int
+    device: int
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def ancestors(pid: int) -> set[int]:
+    out = set()
+    while pid > 1:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                text = f.read()
+            pid = int(text[text.rfind(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def gpu_processes() -> list[GpuProcess]:
+    """Compute processes on every GPU, from NVML; empty where NVML is unavailable."""
+    from vramgate.probes.nvml import NVMLUnavailable, _nvml
+
+    try:
+        nvml = _nvml()
+    except NVMLUnavailable:
+        return []
+    try:
+        out = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                out.append(GpuProcess(int(proc.pid), _uid(int(proc.pid)), int(proc.usedGpuMemory or 0), index))
+        return out
+    finally:
+        nvml.nvmlShutdown()
+
+
+def stray(processes: Iterable[GpuProcess], own_uid: int, protected: set[int]) -> tuple[list[int], list[GpuProcess]]:
+    """(pids to end: ours and not protected, processes of other users to report)."""
+    ours, foreign = [], []
+    for p in processes:
+        if p.pid in protected:
+            continue
+        if p.uid == own_uid:
+            if p.pid not in ours:
+                ours.append(p.pid)
+        else:
+            foreign.append(p)
+    return ours, foreign
+
+
+def alive(pid: int) -> bool:
+    """Whether *pid* runs (a zombie, ended but not yet reaped, does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2:].split()[0] != "Z"
+
+
+def end(pids: list[int], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM, then SIGKILL after *grace_s*; the pids still alive after that."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    running = list(pids)
+    while running and time.monotonic() < deadline:
+        running = [p for p in running if alive(p)]
+        time.sleep(0.2)
+    for pid in running:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    return [p for p in running if alive(p)]

@@ -1,0 +1,78 @@
+"""What the CI workflows call: the hardware check, stray GPU process cleanup, the workflows themselves."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramgate import hardware
+from vramgate.cli import main as cli_main
+from vramgate.gpuclean import GpuProcess, ancestors, end, stray
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_hardware_expect(capsys: pytest.CaptureFixture[str]) -> None:
+    key = hardware.detect().key
+    assert cli_main(["hardware", "--expect", key.split("-")[0]]) == 0
+    assert cli_main(["hardware", "--expect", "H100"]) == (0 if "h100" in key else 1)
+    if "h100" not in key:
+        assert "does not match the expected 'H100'" in capsys.readouterr().err
+
+
+def test_stray_keeps_protected_and_reports_foreign() -> None:
+    procs = [GpuProcess(10, 1000, 5 << 30, 0), GpuProcess(11, 1000, 1 << 30, 1), GpuProcess(10, 1000, 1, 1),
+             GpuProcess(12, 0, 1 << 30, 0), GpuProcess(13, 1000, 1, 0)]
+    ours, foreign = stray(procs, own_uid=1000, protected={13})
+    assert ours == [10, 11]
+    assert [p.pid for p in foreign] == [12]
+
+
+def test_ancestors_include_this_process() -> None:
+    mine = ancestors(os.getpid())
+    assert os.getpid() in mine and os.getppid() in mine
+
+
+def test_end_terminates_then_kills() -> None:
+    stubborn = subprocess.Popen([sys.executable, "-c",
+                                 "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                 "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"up\n"
+    assert end([stubborn.pid], grace_s=0.5) == []
+    assert stubborn.wait(timeout=5) == -9
+
+
+def test_gpu_cleanup_without_gpu(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("vramgate.gpuclean.gpu_processes", lambda: [])
+    assert cli_main(["gpu-cleanup"]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_workflows_never_check_out_pr_code_with_write_tokens() -> None:
+    """No pull_request_target, least-privilege tokens, fork PRs gated, self-hosted only behind approval."""
+    import yaml  # type: ignore[import-untyped]
+
+    flows = {p.name: yaml.safe_load(p.read_text()) for p in (ROOT / ".github" / "workflows").glob("*.yml")}
+    assert {"cpu.yml", "gpu-gate.yml", "baselines.yml", "pr-report.yml"} <= set(flows)
+    for name, flow in flows.items():
+        on = flow.get(True) or flow.get("on")  # YAML 1.1 reads the key 'on' as True
+        assert "pull_request_target" not in on, name
+        assert flow.get("permissions") is not None, f"{name}: top-level permissions must be set"
+        for job_name, job in flow["jobs"].items():
+            runs_on = job.get("runs-on")
+            text = str(runs_on)
+            if "self-hosted" in text and "pull_request" in on:
+                assert job.get("environment"), f"{name}/{job_name}: self-hosted job on PRs needs an environment"
+                assert "needs" in job, f"{name}/{job_name}: self-hosted job on PRs must wait for authorization"
+            for step in job.get("steps", []):
+                if str(step.get("uses", "")).startswith("actions/checkout"):
+                    assert step.get("with", {}).get("persist-credentials") is False, f"{name}/{job_name}"
+    report = flows["pr-report.yml"]
+    on = report.get(True) or report.get("on")
+    assert "workflow_run" in on
+    for job in report["jobs"].values():
+        assert not any(str(s.get("uses", "")).startswith("actions/checkout") for s in job.get("steps", []))
