@@ -448,3 +448,24 @@ def test_bad_shard_is_a_usage_error(pytester: pytest.Pytester, value: str) -> No
     result = pytester.runpytest("--gate-shard", value)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--gate-shard '{value}': *"])
+
+
+def test_hygiene_fails_the_test_that_leaks_a_process(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_leak="""
+        import subprocess, sys
+        KEEP = []
+        def test_leaks():
+            KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+        def test_clean():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+        def test_after():
+            for p in KEEP:
+                p.kill(); p.wait()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*vramgate hygiene: test_leak.py::test_leaks left behind:*",
+                                 "*- child process * still running: *time.sleep(30)*"])
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gate-hygiene=off").assert_outcomes(passed=3)

@@ -7,7 +7,9 @@ registered with the plugin manager under :data:`SESSION_NAME`.
 
 from __future__ import annotations
 
+import os
 import shlex
+import sys
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +26,15 @@ from vramgate.baselines import (
 )
 from vramgate.checks import Finding, Verdict, check_baseline, check_budget
 from vramgate.gate import Claim, Gate
+from vramgate.gpuclean import alive
 from vramgate.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
-from vramgate.metrics import format_change
+from vramgate.metrics import format_change, format_value
+from vramgate.probes.cpu import children
 from vramgate.provenance import git_commit, now_utc, software_versions, version_mismatches
 
 SESSION_NAME = "vramgate-session"
+#: CUDA memory a test may leave allocated (caches of cuBLAS and friends) before hygiene fails it.
+CUDA_LEAK_TOLERANCE = 8 << 20
 MISSING_POLICIES = ("fail", "record", "skip")
 MISSING_VERDICTS: dict[str, Verdict] = {"fail": "missing", "record": "new", "skip": "not compared"}
 GATE_KEY = pytest.StashKey[Gate]()
@@ -47,6 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
          "write report.md, report.json and changes.png into DIR"),
         ("--gate-shard", "gate_shard", {"metavar": "I/N"},
          "run shard I of N (1-based) of the collected tests; merge shard reports with 'vramgate report merge'"),
+        ("--gate-hygiene", "gate_hygiene", {"choices": ("on", "off")},
+         "fail a test that leaves child processes or CUDA memory behind (default: on)"),
     ]
     for flag, dest, extra, help_text in options:
         group.addoption(flag, dest=dest, default=None, help=help_text, **extra)
@@ -63,6 +71,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", marker_help(name))
     session = GateSession(config)
     config.pluginmanager.register(session, SESSION_NAME)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -138,6 +154,9 @@ class GateSession:
         self.update = bool(update)
         shard, _ = opt("gate_shard")
         self.shard: tuple[int, int] | None = parse_shard(shard) if shard else None
+        hygiene, _ = opt("gate_hygiene")
+        self.hygiene = (hygiene or "on") != "off"
+        self._before: dict[str, tuple[set[int], int | None]] = {}
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, Claim]] = []
         self.pending: dict[str, dict[str, NodeBaseline]] = {}
@@ -223,8 +242,35 @@ class GateSession:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
 
+    # -- hygiene ---------------------------------------------------------------------
+
+    @staticmethod
+    def _cuda_allocated() -> int | None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return None  # nothing on a GPU in this process; never initialize CUDA for a check
+        return int(torch.cuda.memory_allocated())
+
+    def _hygiene_state(self) -> tuple[set[int], int | None]:
+        return set(children(os.getpid())), self._cuda_allocated()
+
+    def leaks(self, nodeid: str) -> list[str]:
+        """What the test *nodeid* left behind: child processes still running, CUDA memory still allocated."""
+        before_children, before_cuda = self._before.pop(nodeid, (set(), None))
+        after_children, after_cuda = self._hygiene_state()
+        out = []
+        for pid in sorted(after_children - before_children):
+            if alive(pid):
+                out.append(f"child process {pid} still running: {_cmdline(pid)}")
+        if after_cuda is not None and after_cuda - (before_cuda or 0) > CUDA_LEAK_TOLERANCE:
+            out.append(f"CUDA memory still allocated: {format_value(after_cuda - (before_cuda or 0), 'B')} more "
+                       f"than before the test (tolerance {format_value(CUDA_LEAK_TOLERANCE, 'B')})")
+        return out
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self.hygiene:
+            self._before[item.nodeid] = self._hygiene_state()
         needs = [
             HardwareNeed(mark.name, marker_value(mark, item.nodeid))
             for mark in item.iter_markers()
@@ -349,6 +395,13 @@ class GateSession:
     ) -> Generator[None, Any, None]:
         outcome = yield
         report: pytest.TestReport = outcome.get_result()
+        if report.when == "teardown" and self.hygiene and item.nodeid in self._before:
+            leaked = self.leaks(item.nodeid)
+            if leaked and not report.failed:
+                report.outcome = "failed"
+                report.longrepr = f"vramgate hygiene: {item.nodeid} left behind:\n" + "\n".join(
+                    f"- {line}" for line in leaked)
+            return
         if report.when != "call":
             return
         recorder = item.stash.get(GATE_KEY, None)
