@@ -33,6 +33,8 @@ from vramgate.probes.cpu import children
 from vramgate.provenance import git_commit, now_utc, software_versions, version_mismatches
 
 SESSION_NAME = "vramgate-session"
+#: Helper processes Python starts once and keeps for the life of the process: not leaks.
+PROCESS_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 #: CUDA memory a test may leave allocated (caches of cuBLAS and friends) before hygiene fails it.
 CUDA_LEAK_TOLERANCE = 8 << 20
 MISSING_POLICIES = ("fail", "record", "skip")
@@ -260,8 +262,9 @@ class GateSession:
         after_children, after_cuda = self._hygiene_state()
         out = []
         for pid in sorted(after_children - before_children):
-            if alive(pid):
-                out.append(f"child process {pid} still running: {_cmdline(pid)}")
+            cmd = _cmdline(pid)
+            if alive(pid) and not any(helper in cmd for helper in PROCESS_HELPERS):
+                out.append(f"child process {pid} still running: {cmd}")
         if after_cuda is not None and after_cuda - (before_cuda or 0) > CUDA_LEAK_TOLERANCE:
             out.append(f"CUDA memory still allocated: {format_value(after_cuda - (before_cuda or 0), 'B')} more "
                        f"than before the test (tolerance {format_value(CUDA_LEAK_TOLERANCE, 'B')})")
