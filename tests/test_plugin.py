@@ -456,7 +456,10 @@ def test_hygiene_fails_the_test_that_leaks_a_process(pytester: pytest.Pytester) 
         import subprocess, sys
         KEEP = []
         def test_leaks():
-            KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+            p = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                                 stdout=subprocess.PIPE)
+            assert p.stdout.readline() == b"up\n"
+            KEEP.append(p)
         def test_clean():
             subprocess.run([sys.executable, "-c", "pass"], check=True)
         def test_after():

@@ -104,5 +104,8 @@ def end(pids: list[int], grace_s: float = 10.0) -> list[int]:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    time.sleep(0.5)
-    return [p for p in running if alive(p)]
+    deadline = time.monotonic() + 5.0
+    while running and time.monotonic() < deadline:
+        running = [p for p in running if alive(p)]
+        time.sleep(0.1)
+    return running
