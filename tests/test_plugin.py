@@ -458,7 +458,7 @@ def test_hygiene_fails_the_test_that_leaks_a_process(pytester: pytest.Pytester) 
         def test_leaks():
             p = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
                                  stdout=subprocess.PIPE)
-            assert p.stdout.readline() == b"up\n"
+            assert p.stdout.readline() == b"up\\n"
             KEEP.append(p)
         def test_clean():
             subprocess.run([sys.executable, "-c", "pass"], check=True)
