@@ -186,8 +186,9 @@ def test_failing_test_is_not_recorded(pytester: pytest.Pytester) -> None:
             assert False, "the test's own assertion"
         """
     )
-    result = pytester.runpytest(*HW, "--gate-update")
+    result = pytester.runpytest(*HW, "--gate-update", "-v")
     result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_x*blocks*10 blocks*missing*"])  # not "new": nothing was written
     assert not baseline_file(pytester, "fail").exists()
 
 

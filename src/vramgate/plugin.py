@@ -304,11 +304,11 @@ class GateSession:
             budget = check_budget(metric)
             base = entry.metrics.get(metric.name) if entry else None
             if base is None:
-                missing: Verdict = "new" if self.update else MISSING_VERDICTS[self.missing]
+                missing: Verdict = "new" if self.update and test_passed else MISSING_VERDICTS[self.missing]
                 findings.append(Finding(metric, missing, budget=budget))
                 continue
             verdict, change, how = check_baseline(metric, base)
-            if self.update and verdict != "ok":
+            if self.update and test_passed and verdict != "ok":
                 verdict = "updated"
             findings.append(
                 Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
