@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,3 +106,35 @@ class Simulator:
 def simulator(vllm_env: Path, model_shape: ModelLoader) -> Simulator:
     """Run a workload through vLLM's real scheduler: ``simulator.run(model, workload, block_size=..., ...)``."""
     return Simulator(model_shape)
+
+
+#: The KV-pressure engine run shared by the pressure and block_manager suites (one run per session):
+#: tiny-llama, 8 MiB of KV (about 8k tokens at 1 KiB per token) for 48 ShareGPT-like requests.
+PRESSURE_SPEC = EngineSpec(
+    model="tiny-llama", workload="sharegpt", requests=48, seed=1, block_size=32, max_model_len=2048,
+    max_num_seqs=32, max_num_batched_tokens=2048, kv_budget_gib=8 / 1024,
+)
+
+
+@pytest.fixture(scope="session")
+def pressure_spec() -> EngineSpec:
+    """The engine spec whose KV budget forces preemptions (shared, so the session runs it once)."""
+    return PRESSURE_SPEC
+
+
+#: KV budget of the small engine runs that the capacity and latency suites share.
+SMALL_RUN_BUDGET_GIB = 0.25
+
+
+@pytest.fixture(scope="session")
+def small_run_spec() -> Callable[[str, int], EngineSpec]:
+    """``small_run_spec(model, block_size)``: 16 requests of 128 + 64 tokens at a 0.25 GiB KV budget.
+
+    The capacity suite and the latency suite ask for the same specs, so each runs once per session.
+    """
+
+    def make(model: str, block_size: int) -> EngineSpec:
+        return EngineSpec(model=model, workload="fixed", requests=16, block_size=block_size, max_model_len=1024,
+                          kv_budget_gib=SMALL_RUN_BUDGET_GIB)
+
+    return make

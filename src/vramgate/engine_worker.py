@@ -148,7 +148,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         return out
 
     sched.schedule = schedule
-    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(shape_vocab(cfg))]
+    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(int(cfg.model_config.get_vocab_size()))]
     params = [SamplingParams(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True, temperature=0.0,
                              seed=spec.seed + i) for i, r in enumerate(workload.requests)]
     t2 = time.perf_counter()
@@ -228,10 +228,6 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
                    "total_s": time.perf_counter() - t0},
         "notes": notes,
     }
-
-
-def shape_vocab(cfg: Any) -> int:
-    return int(cfg.model_config.get_vocab_size())
 
 
 def main(argv: list[str]) -> int:

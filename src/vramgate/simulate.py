@@ -197,33 +197,9 @@ def _build_config(model_dir: Path, *, block_size: int, max_model_len: int, max_n
     return cfg, overrides
 
 
-def _layer_specs(cfg: Any) -> dict[str, Any]:
-    """KV specs as ``Attention``/``MLAAttention.get_kv_cache_spec`` build them."""
-    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode
-
-    mc, pc, cc = cfg.model_config, cfg.parallel_config, cfg.cache_config
-    dtype = kv_cache_dtype_str_to_dtype(cc.cache_dtype, mc)
-    quant = get_kv_quant_mode(cc.cache_dtype)
-    specs: dict[str, Any] = {}
-    for i in range(mc.get_num_layers_by_block_type(pc, "attention")):
-        if mc.use_mla:
-            specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
-                block_size=cc.block_size, num_kv_heads=1, max_tp_shards=1, head_size=mc.get_head_size(),
-                dtype=dtype, cache_dtype_str=cc.cache_dtype, kv_quant_mode=quant,
-            )
-        else:
-            specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
-                block_size=cc.block_size, num_kv_heads=mc.get_num_kv_heads(pc), head_size=mc.get_head_size(),
-                dtype=dtype, kv_quant_mode=quant,
-            )
-    return specs
-
-
 def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
     """Mirror ``EngineCore._initialize_kv_caches`` and the scheduler's construction."""
     from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
         get_kv_cache_configs,
@@ -238,9 +214,10 @@ def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
     from vllm.v1.metrics.stats import PrefixCacheStats
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from vramgate.vllm_kv import layer_specs
+
     register_all_kvcache_specs(cfg)
-    specs = _layer_specs(cfg)
-    resolve_kv_cache_layout(cfg, [[x.name for x in get_supported_kv_cache_layouts([])]], list(specs.values()))
+    specs = layer_specs(cfg)
     cfg.cache_config.num_gpu_blocks_override = num_gpu_blocks
     page_bytes = sum(s.page_size_bytes for s in specs.values())
     try:

@@ -62,6 +62,34 @@ def _vllm_version() -> str:
     return "not installed"
 
 
+def layer_specs(config: Any) -> dict[str, Any]:
+    """One KV cache spec per attention layer, built as vLLM's attention layers build theirs
+    (``Attention.get_kv_cache_spec`` -> ``FullAttentionSpec``, ``MLAAttention.get_kv_cache_spec`` ->
+    ``MLAAttentionSpec``), then the KV cache layout resolved as the engine core resolves it."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode
+
+    mc, pc, cc = config.model_config, config.parallel_config, config.cache_config
+    dtype = kv_cache_dtype_str_to_dtype(cc.cache_dtype, mc)
+    quant = get_kv_quant_mode(cc.cache_dtype)
+    spec: Any
+    if mc.use_mla:
+        spec = MLAAttentionSpec(
+            block_size=cc.block_size, num_kv_heads=1, max_tp_shards=1, head_size=mc.get_head_size(),
+            dtype=dtype, cache_dtype_str=cc.cache_dtype, kv_quant_mode=quant,
+        )
+    else:
+        spec = FullAttentionSpec(
+            block_size=cc.block_size, num_kv_heads=mc.get_num_kv_heads(pc), head_size=mc.get_head_size(),
+            dtype=dtype, kv_quant_mode=quant,
+        )
+    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(mc.get_num_layers_by_block_type(pc, "attention"))}
+    layouts = [layout.name for layout in get_supported_kv_cache_layouts([])]
+    resolve_kv_cache_layout(config, [layouts], list(specs.values()))
+    return specs
+
+
 def vllm_kv_layout(
     model_dir: Path,
     *,
@@ -72,10 +100,7 @@ def vllm_kv_layout(
 ) -> VllmKVLayout:
     """KV page bytes and blocks for *budget_bytes*, computed by vLLM's own code."""
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, get_kv_quant_mode
 
     args = EngineArgs(
         model=str(model_dir),
@@ -90,32 +115,9 @@ def vllm_kv_layout(
     cache = config.cache_config
     platform_block_size = int(cache.block_size)
     cache.block_size = block_size  # Note [platform block size]
-    model = config.model_config
-    dtype = kv_cache_dtype_str_to_dtype(cache.cache_dtype, model)
-    quant_mode = get_kv_quant_mode(cache.cache_dtype)
-    num_layers = model.get_num_layers(config.parallel_config)
-    spec: KVCacheSpec
-    if model.use_mla:
-        spec = MLAAttentionSpec(
-            block_size=block_size,
-            num_kv_heads=1,
-            max_tp_shards=1,
-            head_size=model.get_head_size(),
-            dtype=dtype,
-            cache_dtype_str=cache.cache_dtype,
-            kv_quant_mode=quant_mode,
-        )
-    else:
-        spec = FullAttentionSpec(
-            block_size=block_size,
-            num_kv_heads=model.get_num_kv_heads(config.parallel_config),
-            head_size=model.get_head_size(),
-            dtype=dtype,
-            kv_quant_mode=quant_mode,
-        )
-    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(num_layers)}
-    layouts = [layout.name for layout in get_supported_kv_cache_layouts([])]
-    resolve_kv_cache_layout(config, [layouts], list(specs.values()))
+    specs = layer_specs(config)
+    num_layers = len(specs)
+    spec = next(iter(specs.values()))
     (kv_config,) = get_kv_cache_configs(config, [specs], [budget_bytes])
     kv_bytes = max((t.size for t in kv_config.kv_cache_tensors), default=0)
     return VllmKVLayout(
@@ -124,7 +126,7 @@ def vllm_kv_layout(
         platform_block_size=platform_block_size,
         kv_cache_dtype=kv_cache_dtype,
         spec=type(spec).__name__,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=str(spec.dtype).removeprefix("torch."),
         num_layers=num_layers,
         num_kv_heads=spec.num_kv_heads,  # type: ignore[attr-defined]
         head_size=spec.head_size,  # type: ignore[attr-defined]

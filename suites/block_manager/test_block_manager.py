@@ -2,7 +2,7 @@
 
 Each profile under ``patches/`` that names this suite runs next to the baseline:
 the simulator (vLLM's real scheduler, a 5,000-request ShareGPT-like trace under
-KV pressure) and the real CPU engine (the pressure suite's spec). Every figure
+KV pressure) and the real CPU engine (the ``pressure_spec`` fixture, shared with the pressure suite). Every figure
 is gated per profile; each profile's claims are checked against the baseline
 run and their verdicts reported, held or not.
 """
@@ -26,10 +26,6 @@ PROFILE = [pytest.param("baseline", id="baseline")] + [
 ]
 SIM_REQUESTS = 5000
 SIM_KV_BLOCKS = 4096
-ENGINE_SPEC = EngineSpec(
-    model="tiny-llama", workload="sharegpt", requests=48, seed=1, block_size=32, max_model_len=2048,
-    max_num_seqs=32, max_num_batched_tokens=2048, kv_budget_gib=8 / 1024,
-)
 TOLERANCE = 1.0 if engine_tier() == "cpu" else None
 
 
@@ -126,9 +122,10 @@ def engine_figures(result: Any) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("profile", PROFILE)
-def test_engine_pressure(gate: Gate, engine, model_shape, profile: str) -> None:
+def test_engine_pressure(gate: Gate, engine, model_shape, pressure_spec: EngineSpec, profile: str) -> None:
+    """The pressure suite's engine run, with each profile applied."""
     prof = _profile(profile)
-    spec = ENGINE_SPEC if prof is None else ENGINE_SPEC.replace(profile=prof.name)
+    spec = pressure_spec if prof is None else pressure_spec.replace(profile=prof.name)
     if prof is not None and engine_tier() == "cpu":
         dtype = str(prof.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
         problem = cpu_backend_problem(spec.replace(kv_cache_dtype=dtype), model_shape(spec.model).use_mla)
@@ -142,4 +139,4 @@ def test_engine_pressure(gate: Gate, engine, model_shape, profile: str) -> None:
     per_request = [n / e for n, e in zip(result.latency["output_lens"], result.latency["e2e_s"], strict=True) if e]
     gate.record_samples("request_throughput", per_request, unit="tokens/s", better="higher", tolerance=TOLERANCE)
     if prof is not None:
-        check_claims(gate, prof, "engine-pressure", figures, engine_figures(engine.run(ENGINE_SPEC)))
+        check_claims(gate, prof, "engine-pressure", figures, engine_figures(engine.run(pressure_spec)))

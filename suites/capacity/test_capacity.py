@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine import EngineSpec, engine_tier
+from vramgate.engine import engine_tier
 from vramgate.gate import Gate
 
-BUDGET_GIB = 0.25
 #: Block sizes each backend runs: vLLM's CPU attention needs multiples of 32 and its CPU MLA runs 16 only.
 CASES = {
     "cpu": [("tiny-llama", 32), ("tiny-llama", 64), ("tiny-llama", 128), ("tiny-deepseek-v2", 16)],
@@ -23,16 +22,12 @@ CASES = {
 MODEL_BLOCK_SIZE = [pytest.param(m, b, id=f"{m}-bs{b}") for m, b in CASES[engine_tier()]]
 
 
-def capacity_spec(model: str, block_size: int) -> EngineSpec:
-    return EngineSpec(model=model, workload="fixed", requests=16, block_size=block_size, max_model_len=1024,
-                      kv_budget_gib=BUDGET_GIB)
-
-
 @pytest.mark.parametrize(("model", "block_size"), MODEL_BLOCK_SIZE)
-def test_engine_kv_capacity(gate: Gate, engine, model_shape, model: str, block_size: int) -> None:
-    result = engine.run(capacity_spec(model, block_size))
+def test_engine_kv_capacity(gate: Gate, engine, model_shape, small_run_spec, model: str, block_size: int) -> None:
+    spec = small_run_spec(model, block_size)
+    result = engine.run(spec)
     shape = model_shape(model)
-    budget = int(BUDGET_GIB * 2**30)
+    budget = int(spec.kv_budget_gib * 2**30)
     kv = result.kv
     gate.record("page_bytes", kv["page_bytes"], unit="B")
     gate.record("num_gpu_blocks", kv["num_gpu_blocks"], unit="blocks", better="higher")

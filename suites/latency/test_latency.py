@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine import EngineSpec, engine_tier
+from vramgate.engine import engine_tier
 from vramgate.gate import Gate
 
 MODEL = ["tiny-llama", "tiny-deepseek-v2"]
 TOLERANCE = 1.0 if engine_tier() == "cpu" else None
 
 
-def latency_spec(model: str) -> EngineSpec:
-    # The same spec as the capacity suite's first case per model: the session runs it once.
-    block_size = 16 if model == "tiny-deepseek-v2" or engine_tier() == "gpu" else 32
-    return EngineSpec(model=model, workload="fixed", requests=16, block_size=block_size, max_model_len=1024,
-                      kv_budget_gib=0.25)
+#: Block size per model: one the capacity suite also runs, so the session runs each engine once.
+BLOCK_SIZE = {"tiny-llama": 16 if engine_tier() == "gpu" else 32, "tiny-deepseek-v2": 16}
 
 
 @pytest.mark.parametrize("model", MODEL)
-def test_engine_latency(gate: Gate, engine, model: str) -> None:
-    result = engine.run(latency_spec(model))
+def test_engine_latency(gate: Gate, engine, small_run_spec, model: str) -> None:
+    result = engine.run(small_run_spec(model, BLOCK_SIZE[model]))
     lat = result.latency
     assert len(lat["ttft_s"]) == 16, "vLLM returned no per-request stats (disable_log_stats must be False)"
     gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TOLERANCE)

@@ -18,11 +18,6 @@ from vramgate.workloads import build
 
 #: KV pool of the simulated run: 2,048 blocks of 16 tokens (32k tokens) for up to 256 sequences.
 SIM_KV_BLOCKS = 2048
-#: KV budget of the engine run: 8 MiB, about 8k tokens of tiny-llama (1 KiB per token).
-ENGINE_SPEC = EngineSpec(
-    model="tiny-llama", workload="sharegpt", requests=48, seed=1, block_size=32, max_model_len=2048,
-    max_num_seqs=32, max_num_batched_tokens=2048, kv_budget_gib=8 / 1024,
-)
 
 
 def test_simulated_pressure(gate: Gate, simulator) -> None:
@@ -37,8 +32,8 @@ def test_simulated_pressure(gate: Gate, simulator) -> None:
     assert result.preemptions > 0, "the budget was meant to force preemptions; none happened"
 
 
-def test_engine_pressure(gate: Gate, engine) -> None:
-    result = engine.run(ENGINE_SPEC)
+def test_engine_pressure(gate: Gate, engine, pressure_spec: EngineSpec) -> None:
+    result = engine.run(pressure_spec)
     sched = result.scheduler
     gate.record("preemptions", sched["preemptions"], unit="count")
     gate.record("recomputed_tokens", sched["recomputed_tokens"], unit="tokens")
@@ -49,17 +44,18 @@ def test_engine_pressure(gate: Gate, engine) -> None:
     assert sched["preemptions"] > 0, "the budget was meant to force preemptions; none happened"
 
 
-def test_simulator_agrees_with_engine(gate: Gate, engine, simulator, project_root) -> None:
+def test_simulator_agrees_with_engine(gate: Gate, engine, simulator, pressure_spec: EngineSpec) -> None:
     """The same trace, pool and limits through the engine and through the simulator (synchronous, as on CPU)."""
-    result = engine.run(ENGINE_SPEC)
+    spec = pressure_spec
+    result = engine.run(spec)
     if not result.scheduler["chunked_prefill"]:
         pytest.skip("this engine runs without chunked prefill; the simulator models it on")
-    workload = build(ENGINE_SPEC.workload, requests=ENGINE_SPEC.requests, seed=ENGINE_SPEC.seed,
-                     max_model_len=ENGINE_SPEC.max_model_len)
+    workload = build(spec.workload, requests=spec.requests, seed=spec.seed,
+                     max_model_len=spec.max_model_len)
     sim = simulator.run(
-        ENGINE_SPEC.model, workload, block_size=result.kv["block_size"], num_gpu_blocks=result.kv["num_gpu_blocks"],
-        max_model_len=ENGINE_SPEC.max_model_len, max_num_seqs=ENGINE_SPEC.max_num_seqs,
-        max_num_batched_tokens=ENGINE_SPEC.max_num_batched_tokens,
+        spec.model, workload, block_size=result.kv["block_size"], num_gpu_blocks=result.kv["num_gpu_blocks"],
+        max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
         enable_prefix_caching=result.scheduler["prefix_caching"], async_scheduling=False,
     )
     figures = {
