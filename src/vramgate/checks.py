@@ -13,10 +13,12 @@ from vramgate.baselines import Provenance
 from vramgate.metrics import Metric, format_change, relative_change
 from vramgate.stats import DEFAULT_ALPHA, compare_samples
 
-Verdict = Literal["ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared"]
+Verdict = Literal[
+    "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted"
+]
 
 #: Verdicts that fail a test (budget failures fail it too, whatever the verdict).
-FAILING: frozenset[str] = frozenset({"regressed", "missing", "incompatible"})
+FAILING: frozenset[str] = frozenset({"regressed", "missing", "incompatible", "untrusted"})
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from vramgate.metrics import Better, Kind, Metric, median
 
@@ -31,6 +33,10 @@ class Gate:
         self.suite = suite
         self.metrics: dict[str, Metric] = {}
         self.claims: list[Claim] = []
+        self.conditions: list[dict[str, Any]] = []
+        """GPU-state readings taken around this test's measurements (see :meth:`gpu_guard`)."""
+        self.untrusted: list[str] = []
+        """Why this test's measured metrics cannot be trusted (throttling, foreign load)."""
 
     def _add(self, metric: Metric) -> Metric:
         if metric.name in self.metrics:
@@ -103,3 +109,30 @@ class Gate:
         verdict = Claim(statement, bool(held), evidence, source)
         self.claims.append(verdict)
         return verdict
+
+    @contextmanager
+    def gpu_guard(self, index: int = 0) -> Iterator[None]:
+        """Read the GPU's state (clocks, throttle reasons, other processes) around a measurement.
+
+        The readings go into the report with the test. When they show
+        throttling or another process on the device (see
+        :mod:`vramgate.probes.gpu_state`), this test's measured metrics are
+        flagged ``untrusted``: the test fails with the reason instead of being
+        compared, and its figures never become a baseline. Without NVML the
+        measurement proceeds and the report says it was not guarded.
+        """
+        from vramgate.probes.gpu_state import own_pids, problems, read_state
+        from vramgate.probes.nvml import NVMLUnavailable
+
+        try:
+            before = read_state(index)
+        except NVMLUnavailable as exc:
+            self.conditions.append({"guarded": False, "why": str(exc)})
+            yield
+            return
+        yield
+        after = read_state(index)
+        self.conditions.append({"guarded": True, "before": before.to_json(), "after": after.to_json()})
+        for problem in problems([before, after], own_pids()):
+            if problem not in self.untrusted:
+                self.untrusted.append(problem)

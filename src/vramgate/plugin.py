@@ -120,6 +120,8 @@ class NodeResult:
     test_passed: bool
     baseline_path: Path | None = None
     mismatches: list[str] = field(default_factory=list)
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    """GPU-state readings taken around the test's measurements."""
 
     @property
     def failed(self) -> bool:
@@ -251,6 +253,11 @@ class GateSession:
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_initialized():
             return None  # nothing on a GPU in this process; never initialize CUDA for a check
+        # cuBLAS keeps a workspace per (handle, stream) in the caching allocator: a cache, not a leak.
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        torch.cuda.synchronize()
+        if clear is not None:
+            clear()
         return int(torch.cuda.memory_allocated())
 
     def _hygiene_state(self) -> tuple[set[int], int | None]:
@@ -302,6 +309,11 @@ class GateSession:
         mismatches = version_mismatches(entry.recorded.software, self.software) if entry else []
         for metric in recorder.metrics.values():
             budget = check_budget(metric)
+            if metric.kind == "measured" and recorder.untrusted:
+                base = entry.metrics.get(metric.name) if entry else None
+                findings.append(Finding(metric, "untrusted", base, entry.recorded if entry else None, None,
+                                        budget, "; ".join(recorder.untrusted)))
+                continue
             base = entry.metrics.get(metric.name) if entry else None
             if base is None:
                 missing: Verdict = "new" if self.update and test_passed else MISSING_VERDICTS[self.missing]
@@ -313,14 +325,15 @@ class GateSession:
             findings.append(
                 Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
             )
-        result = NodeResult(recorder.nodeid, recorder.suite, findings, test_passed, path, mismatches)
+        result = NodeResult(recorder.nodeid, recorder.suite, findings, test_passed, path, mismatches,
+                            conditions=list(recorder.conditions))
         self.results.append(result)
         self._queue_update(result, entry)
         return result
 
     def _queue_update(self, result: NodeResult, entry: NodeBaseline | None) -> None:
-        if not result.test_passed or any(f.budget for f in result.findings):
-            return  # a failing test's figures never become a baseline
+        if not result.test_passed or any(f.budget or f.verdict == "untrusted" for f in result.findings):
+            return  # a failing test's (or an untrusted measurement's) figures never become a baseline
         if self.update:
             metrics = {f.metric.name: f.metric for f in result.findings}
         elif self.missing == "record" and any(f.verdict == "new" for f in result.findings):
@@ -354,6 +367,8 @@ class GateSession:
                 heads.append(f"{f.metric.name} {format_change(f.change or 0.0)} vs baseline")
             elif f.verdict in ("missing", "incompatible"):
                 heads.append(f"{f.metric.name} {f.verdict} baseline")
+            elif f.verdict == "untrusted":
+                heads.append(f"{f.metric.name} measured on a GPU in an untrustworthy state")
         lines = [
             f"vramgate: {'; '.join(heads)} "
             f"({len(failed)} of {len(result.findings)} metric(s) fall short on hardware {self.fingerprint.key})",
@@ -367,6 +382,9 @@ class GateSession:
                     f"- {m.name}: now {m.show(precise=True)}; no baseline in {self._rel(result.baseline_path)} "
                     f"(a gate that compares nothing passes nothing: record one, or run with --gate-missing=record)"
                 )
+            elif f.verdict == "untrusted":
+                lines.append(f"- {m.name}: now {m.show(precise=True)}, not compared: {f.detail} "
+                             f"(rerun on an idle GPU at full clocks)")
             elif f.verdict in ("regressed", "incompatible") and f.baseline is not None:
                 change = format_change(f.change or 0.0)
                 lines.append(

@@ -23,7 +23,7 @@ from vramgate.metrics import format_change
 if TYPE_CHECKING:
     from vramgate.plugin import GateSession, NodeResult
 
-VERDICT_ORDER = ("regressed", "incompatible", "missing", "outside budget", "improved", "updated", "new",
+VERDICT_ORDER = ("regressed", "untrusted", "incompatible", "missing", "outside budget", "improved", "updated", "new",
                  "not compared", "ok")
 
 
@@ -158,6 +158,7 @@ def report_data(session: GateSession) -> dict[str, Any]:
             "message": session.failure_message(result) if result.failed else None,
             "baseline_file": session._rel(result.baseline_path),
             "version_mismatches": result.mismatches,
+            "gpu_conditions": result.conditions,
             "rows": [dataclasses.asdict(r) for r in rows_of([result])],
             "metrics": [
                 {

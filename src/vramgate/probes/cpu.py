@@ -88,3 +88,28 @@ class PeakRSS:
     @property
     def delta_bytes(self) -> int:
         return max(0, self.peak_bytes - self.start_bytes)
+
+
+def pin_mmap_threshold(nbytes: int = 1 << 20) -> bool:
+    """Make glibc serve every allocation of *nbytes* or more with its own mmap, returned to the OS on free.
+
+    glibc raises its mmap threshold as large blocks are freed, after which
+    large buffers come from (and stay in) the heap and a region's peak RSS no
+    longer shows them. Fixing the threshold (``mallopt(M_MMAP_THRESHOLD)``)
+    keeps large allocations visible to :class:`PeakRSS`; free heap memory is
+    trimmed (``malloc_trim``) so earlier frees do not hide later allocations.
+    False where this is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        pinned = bool(libc.mallopt(-3, int(nbytes)))  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+        return pinned
+    except (OSError, AttributeError):
+        return False
