@@ -17,12 +17,13 @@ fi
 mkdir -p "$out"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
-python -m vramgate hardware | tee "$out/hardware.txt"
-key=$(python -c 'from vramgate.hardware import detect; print(detect().key)')
+py="${PYTHON:-python3}"
+"$py" -m vramgate hardware | tee "$out/hardware.txt"
+key=$("$py" -c 'from vramgate.hardware import detect; print(detect().key)')
 suites=(suites/attention suites/stream_priority suites/cuda_graphs suites/moe)
 start=$(date +%s)
 timeout --signal=INT --kill-after=20 480 \
-    python -m pytest "${suites[@]}" -p no:cacheprovider -rA "${mode[@]}" --gate-report "$out/report" "$@" \
+    "$py" -m pytest "${suites[@]}" -p no:cacheprovider -rA "${mode[@]}" --gate-report "$out/report" "$@" \
     2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 echo "pytest exit $rc after $(( $(date +%s) - start )) s"
