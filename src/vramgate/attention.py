@@ -25,6 +25,9 @@ from dataclasses import dataclass
 #: The CUDA caching allocator rounds every block up to a multiple of this.
 CUDA_MIN_BLOCK = 512
 
+#: torch's flash SDPA also returns its RNG state (seed and offset): two small device tensors.
+TORCH_FLASH_EXTRA = 2 * CUDA_MIN_BLOCK
+
 
 def cuda_alloc_size(nbytes: int) -> int:
     """Bytes the CUDA caching allocator counts as allocated for a request of *nbytes*."""
@@ -166,10 +169,20 @@ class AttentionShape:
         )
 
 
-def explain_splits(measured: int, shape: AttentionShape, max_splits: int = 128) -> int | None:
-    """The split count whose FA2 transient equals *measured* bytes exactly, or None."""
+def torch_flash_transient_bytes(shape: AttentionShape, num_sms: int) -> int:
+    """Allocator bytes of one call of torch's flash SDPA backend on a GPU with *num_sms* SMs.
+
+    FA2's transient with the split count its heuristic picks (torch's vendored
+    FA2 passes twice the SM count) plus :data:`TORCH_FLASH_EXTRA`.
+    """
+    return shape.fa2_transient_bytes(shape.fa2_splits(2 * num_sms)) + TORCH_FLASH_EXTRA
+
+
+def explain_splits(measured: int, shape: AttentionShape, extra: int = TORCH_FLASH_EXTRA,
+                   max_splits: int = 128) -> int | None:
+    """The split count whose FA2 transient (+ *extra*) equals *measured* bytes exactly, or None."""
     for splits in range(1, max_splits + 1):
-        if shape.fa2_transient_bytes(splits) == measured:
+        if shape.fa2_transient_bytes(splits) + extra == measured:
             return splits
     return None
 

@@ -7,6 +7,7 @@ registered with the plugin manager under :data:`SESSION_NAME`.
 
 from __future__ import annotations
 
+import gc
 import os
 import shlex
 import sys
@@ -161,6 +162,7 @@ class GateSession:
         hygiene, _ = opt("gate_hygiene")
         self.hygiene = (hygiene or "on") != "off"
         self._before: dict[str, tuple[set[int], int | None]] = {}
+        self._call_failed: set[str] = set()
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, Claim]] = []
         self.pending: dict[str, dict[str, NodeBaseline]] = {}
@@ -263,10 +265,14 @@ class GateSession:
     def _hygiene_state(self) -> tuple[set[int], int | None]:
         return set(children(os.getpid())), self._cuda_allocated()
 
-    def leaks(self, nodeid: str) -> list[str]:
+    def leaks(self, nodeid: str, cuda: bool = True) -> list[str]:
         """What the test *nodeid* left behind: child processes still running, CUDA memory still allocated."""
         before_children, before_cuda = self._before.pop(nodeid, (set(), None))
+        if cuda and "torch" in sys.modules:
+            gc.collect()  # reference cycles the test left are garbage, not leaks
         after_children, after_cuda = self._hygiene_state()
+        if not cuda:
+            after_cuda = None
         out = []
         for pid in sorted(after_children - before_children):
             cmd = _cmdline(pid)
@@ -416,8 +422,17 @@ class GateSession:
     ) -> Generator[None, Any, None]:
         outcome = yield
         report: pytest.TestReport = outcome.get_result()
+        if report.when == "call" and not report.passed:
+            self._call_failed.add(item.nodeid)
         if report.when == "teardown" and self.hygiene and item.nodeid in self._before:
-            leaked = self.leaks(item.nodeid)
+            # Fixtures are finalized by now; drop the item's stale references to their values so
+            # that only what the test really leaked is still allocated.
+            funcargs = getattr(item, "funcargs", None)
+            if isinstance(funcargs, dict):
+                funcargs.clear()
+            # A failed or skipped test's traceback keeps its locals alive: check its processes only.
+            leaked = self.leaks(item.nodeid, cuda=item.nodeid not in self._call_failed)
+            self._call_failed.discard(item.nodeid)
             if leaked and not report.failed:
                 report.outcome = "failed"
                 report.longrepr = f"vramgate hygiene: {item.nodeid} left behind:\n" + "\n".join(

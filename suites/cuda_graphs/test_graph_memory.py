@@ -58,6 +58,7 @@ class Captured:
                 step(x)  # warm-up on the capture stream (cuBLAS handle and workspace for that stream)
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # torch.cuda.graph empties the cache on entry: do it before measuring
             before = torch.cuda.memory_reserved()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
