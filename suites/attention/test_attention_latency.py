@@ -18,6 +18,9 @@ from vramgate.gate import Gate
 torch = pytest.importorskip("torch")
 
 SAMPLES = 30
+#: Two back-to-back runs on one idle, unthrottled H200 moved decode latency by 10-14% (the GPU-state guard
+#: saw nothing): below 20% a shift is not evidence of a kernel change on this class of machine.
+GPU_LATENCY_TOLERANCE = 0.2
 CASES = {
     "decode-gqa4-8k": AttentionShape(32, 32, 8, 1, 8192, 128),
     "decode-mha-4k": AttentionShape(16, 32, 32, 1, 4096, 128),
@@ -56,7 +59,7 @@ def test_flash_attention_latency(gate: Gate, case: str) -> None:
     with gate.gpu_guard():
         samples = time_cuda(call, samples=SAMPLES, warmup=5, flush_l2=True)
     print(f"{case}: {shape.label()}: {quantiles(samples)}")
-    gate.record_samples("latency_s", samples, unit="s")
+    gate.record_samples("latency_s", samples, unit="s", tolerance=GPU_LATENCY_TOLERANCE)
     if shape.kind == "decode":
         try:
             peak = memory_bandwidth_peak(0)
@@ -64,7 +67,8 @@ def test_flash_attention_latency(gate: Gate, case: str) -> None:
             print(f"bandwidth fraction left out: it needs the device's peak from NVML: {exc}")
             return
         fractions = [shape.read_bytes() / t / peak for t in samples]
-        gate.record_samples("bandwidth_fraction", fractions, unit="ratio", better="higher", floor=0.05)
+        gate.record_samples("bandwidth_fraction", fractions, unit="ratio", better="higher", floor=0.05,
+                            tolerance=GPU_LATENCY_TOLERANCE)
         print(f"{case}: {shape.read_bytes() / statistics.median(samples) / 1e12:.2f} TB/s of {peak / 1e12:.2f} TB/s")
     else:
         tflops = [shape.flops() / t / 1e12 for t in samples]
