@@ -23,6 +23,9 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.requires_gpus(1)
 
 SAMPLES = 20
+#: Latency behind a saturating load moves by tens of percent run to run (measured on an H200: the high-priority
+#: kernel behind elementwise load went 133 -> 109 us between two runs); gate only gross shifts.
+LOADED_TOLERANCE = 0.5
 GEMM = 8192
 KERNELS_PER_LOAD = 12
 ELEMENTS = 1 << 28
@@ -125,8 +128,8 @@ def test_small_kernel_under_load(gate: Gate, streams: dict[str, object], load: s
     with gate.gpu_guard():
         times = _measure(streams, lambda: x.mul_(1.0001), background)
     high, low = statistics.median(times["high"]), statistics.median(times["low"])
-    gate.record_samples("high_priority_latency_s", times["high"], unit="s")
-    gate.record_samples("low_priority_latency_s", times["low"], unit="s")
+    gate.record_samples("high_priority_latency_s", times["high"], unit="s", tolerance=LOADED_TOLERANCE)
+    gate.record_samples("low_priority_latency_s", times["low"], unit="s", tolerance=LOADED_TOLERANCE)
     gate.record("speedup", round(low / high, 2), unit="ratio", better="higher", tolerance=0.5)
     gate.claim(
         "A high-priority stream lets a small kernel run ahead of a saturating low-priority load",
@@ -145,8 +148,8 @@ def test_host_to_device_copy_under_load(gate: Gate, streams: dict[str, object]) 
     with gate.gpu_guard():
         times = _measure(streams, lambda: dev.copy_(host, non_blocking=True), background)
     high, low = statistics.median(times["high"]), statistics.median(times["low"])
-    gate.record_samples("high_priority_copy_s", times["high"], unit="s")
-    gate.record_samples("low_priority_copy_s", times["low"], unit="s")
+    gate.record_samples("high_priority_copy_s", times["high"], unit="s", tolerance=LOADED_TOLERANCE)
+    gate.record_samples("low_priority_copy_s", times["low"], unit="s", tolerance=LOADED_TOLERANCE)
     ratio = low / high
     gate.claim(
         "Stream priority speeds up KV loading (host-to-device copies)",
