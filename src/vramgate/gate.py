@@ -131,7 +131,12 @@ class Gate:
             yield
             return
         yield
-        after = read_state(index)
+        try:
+            after = read_state(index)
+        except NVMLUnavailable as exc:
+            self.conditions.append({"guarded": False, "why": f"NVML was lost during the measurement: {exc}",
+                                    "before": before.to_json()})
+            return
         self.conditions.append({"guarded": True, "before": before.to_json(), "after": after.to_json()})
         for problem in problems([before, after], own_pids()):
             if problem not in self.untrusted:

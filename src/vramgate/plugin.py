@@ -313,6 +313,9 @@ class GateSession:
         entry = stored.tests.get(recorder.nodeid) if stored else None
         findings: list[Finding] = []
         mismatches = version_mismatches(entry.recorded.software, self.software) if entry else []
+        # Only a passing test whose measurements can be trusted records anything (see _queue_update).
+        untrusted = bool(recorder.untrusted) and any(m.kind == "measured" for m in recorder.metrics.values())
+        recordable = test_passed and not untrusted
         for metric in recorder.metrics.values():
             budget = check_budget(metric)
             if metric.kind == "measured" and recorder.untrusted:
@@ -322,11 +325,13 @@ class GateSession:
                 continue
             base = entry.metrics.get(metric.name) if entry else None
             if base is None:
-                missing: Verdict = "new" if self.update and test_passed else MISSING_VERDICTS[self.missing]
+                missing: Verdict = "new" if self.update and recordable else MISSING_VERDICTS[self.missing]
+                if missing == "new" and not recordable:
+                    missing = "not compared"  # nothing will be recorded for this test
                 findings.append(Finding(metric, missing, budget=budget))
                 continue
             verdict, change, how = check_baseline(metric, base)
-            if self.update and test_passed and verdict != "ok":
+            if self.update and recordable and verdict != "ok":
                 verdict = "updated"
             findings.append(
                 Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
