@@ -119,7 +119,8 @@ class AttentionShape:
     # -- FlashAttention-2 -------------------------------------------------------
 
     def fa2_head_size_rounded(self) -> int:
-        return -(-self.head_size // (32 if self.head_size <= 128 else 64)) * (32 if self.head_size <= 128 else 64)
+        step = 32 if self.head_size <= 128 else 64
+        return -(-self.head_size // step) * step
 
     def fa2_grid(self) -> tuple[int, int, int]:
         """(heads, query length, key blocks) as FA2 sees them.
