@@ -41,7 +41,18 @@ class Finding:
 
 
 def check_budget(metric: Metric) -> str | None:
-    """A message when *metric* is above its ceiling or below its floor, else None."""
+    """A message when *metric* is above its ceiling or below its floor, else None.
+
+    A paired metric (:class:`~vramgate.metrics.Paired`) also fails its budget
+    when the candidate side is worse than the reference side of the same run.
+    """
+    if metric.paired is not None:
+        pair = metric.paired
+        result = compare_samples(pair.reference, pair.candidate, better=metric.better, tolerance=pair.tolerance)
+        if result.regressed:
+            return (f"the candidate is worse than its reference in this run: median {result.candidate_median:.6g} vs "
+                    f"{result.baseline_median:.6g} ({format_change(result.change)}; tolerance {pair.tolerance:.1%}, "
+                    f"one-sided p = {result.p_worse:.2g})")
     if metric.ceiling is not None and metric.value > metric.ceiling:
         over = format_change(relative_change(metric.value, metric.ceiling))
         return f"{metric.show()} is above its ceiling {metric.show(metric.ceiling)} ({over})"

@@ -70,11 +70,13 @@ def _worker_figures(worker: Any) -> dict[str, Any]:
     """Weights and KV tensor bytes, read inside the model worker."""
     runner = worker.model_runner
     seen: set[int] = set()
-    weights = 0
-    for t in list(runner.model.parameters()) + list(runner.model.buffers()):
+    weights = parameters = 0
+    params = list(runner.model.parameters())
+    for i, t in enumerate(params + list(runner.model.buffers())):
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             weights += t.numel() * t.element_size()
+            parameters += t.numel() * t.element_size() if i < len(params) else 0
     seen.clear()
     kv = 0
     caches = getattr(runner, "kv_caches", None) or []
@@ -88,7 +90,7 @@ def _worker_figures(worker: Any) -> dict[str, Any]:
         spec = g.kv_cache_spec
         groups.append({"spec": type(spec).__name__, "layers": len(g.layer_names), "block_size": spec.block_size,
                        "page_bytes": spec.page_size_bytes})
-    return {"weights_bytes": weights, "kv_tensor_bytes": kv, "groups": groups,
+    return {"weights_bytes": weights, "parameter_bytes": parameters, "kv_tensor_bytes": kv, "groups": groups,
             "model_memory_usage": getattr(runner, "model_memory_usage", None)}
 
 
@@ -144,6 +146,7 @@ class StepTimer:
 
 
 PLANT_DELAY_ENV = "VRAMGATE_PLANT_DELAY"
+PIN_CPUS_ENV = "VRAMGATE_PIN_CPUS"
 PLANT_WEIGHT_BYTES_ENV = "VRAMGATE_PLANT_WEIGHT_BYTES"
 
 
@@ -266,6 +269,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     memory: dict[str, Any] = {
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "weights_bytes": worker["weights_bytes"],
+        "parameter_bytes": worker["parameter_bytes"],
         "kv_tensor_bytes": worker["kv_tensor_bytes"],
         "vllm_model_memory_usage": worker["model_memory_usage"],
     }
@@ -343,6 +347,21 @@ def _request_latency(outputs: list[Any]) -> dict[str, list[float]]:
     return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
 
 
+def _exit_with_parent() -> None:
+    """End this process when the one that started it goes away (a server must not outlive its gate run)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="vramgate-parent-watch", daemon=True).start()
+
+
 def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     """Keep one engine up and run the spec's workload once per ``round N`` line on stdin.
 
@@ -352,6 +371,8 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     writes ``ready.json`` into *control*; each round writes ``round-N.json``
     (per-request latencies, engine step durations, wall time); ``quit`` ends it.
     """
+    _exit_with_parent()
+    delay = planted_delay()  # a bad value fails before the engine starts
     from vllm import LLM, SamplingParams
 
     shape = load_model(root, spec.model)
@@ -365,7 +386,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
         raise RuntimeError("the engine core is not in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0")
     vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
     prompts, params = _requests(spec, workload, vocab, SamplingParams)
-    timer = StepTimer(core, planted_delay())
+    timer = StepTimer(core, delay)
     _write_json(control / "ready.json", {"init_s": init_s, "versions": _versions(), "planted_delay": timer.delay})
     for line in sys.stdin:
         words = line.split()
@@ -403,6 +424,9 @@ def main(argv: list[str]) -> int:
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # Note [in-process engine]
     try:
+        pin = os.environ.get(PIN_CPUS_ENV, "").strip()
+        if pin:  # Note [same CPUs] in vramgate.paired; before any thread starts, so all inherit it
+            os.sched_setaffinity(0, {int(c) for c in pin.split(",")})
         if serving:
             serve(spec, Path(data["root"]), out_path)
         else:

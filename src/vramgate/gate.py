@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from vramgate.metrics import Better, Kind, Metric, median
+from vramgate.metrics import Better, Kind, Metric, Paired, median
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,37 @@ class Gate:
                 ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values,
             )
         )
+
+    def record_paired(
+        self,
+        name: str,
+        reference: Iterable[float],
+        candidate: Iterable[float],
+        *,
+        better: Better = "lower",
+        tolerance: float,
+        history_tolerance: float | None = None,
+        ceiling: float | None = None,
+    ) -> Metric:
+        """Record a candidate against a reference measured in the same session, pair by pair (paired A/B).
+
+        The metric's samples are the per-pair ratios candidate / reference and
+        its value their median. It fails when the candidate is worse than the
+        reference by more than *tolerance* with a clear U test (see
+        :mod:`vramgate.stats`), and, against the stored baseline, when the
+        ratios move by more than *history_tolerance* (default: *tolerance*).
+        """
+        ref, cand = [float(v) for v in reference], [float(v) for v in candidate]
+        if len(ref) != len(cand) or len(ref) < 2:
+            raise ValueError(f"metric {name!r}: need at least 2 pairs of samples, got {len(ref)} and {len(cand)}")
+        if any(v <= 0 for v in ref):
+            raise ValueError(f"metric {name!r}: reference samples must be positive")
+        ratios = [c / r for r, c in zip(ref, cand, strict=True)]
+        return self._add(Metric(
+            name, median(ratios), "ratio", "measured", better, ceiling=ceiling,
+            tolerance=tolerance if history_tolerance is None else history_tolerance, samples=ratios,
+            paired=Paired(tuple(ref), tuple(cand), tolerance),
+        ))
 
     def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> Claim:
         """Record the verdict on a claim (held or not held) with the measured evidence.

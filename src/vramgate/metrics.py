@@ -144,6 +144,20 @@ def median(values: Sequence[float]) -> float:
     return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
+@dataclass(frozen=True)
+class Paired:
+    """The two sides of a paired measurement (reference and candidate, same session, same machine state).
+
+    The metric regresses within the session when the candidate is worse than
+    the reference by more than ``tolerance`` and a one-sided Mann-Whitney U
+    test is clear (the rule of :func:`vramgate.stats.compare_samples`).
+    """
+
+    reference: tuple[float, ...]
+    candidate: tuple[float, ...]
+    tolerance: float
+
+
 @dataclass
 class Metric:
     """One metric recorded by a test.
@@ -162,6 +176,8 @@ class Metric:
     floor: float | None = None
     tolerance: float | None = None
     samples: list[float] = field(default_factory=list)
+    paired: Paired | None = None
+    """For a ratio from paired runs: both sides' samples, checked against each other in the same session."""
 
     def __post_init__(self) -> None:
         where = f"metric {self.name!r}"

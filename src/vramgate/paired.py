@@ -99,6 +99,8 @@ class EngineServer:
         self.spec, self.run_dir = resolved, run_dir
         self.control = run_dir / "control"
         self.control.mkdir(parents=True, exist_ok=True)
+        for stale in [*self.control.glob("round-*.json"), self.control / "ready.json"]:
+            stale.unlink(missing_ok=True)  # an earlier server's answers must not pass for this one's
         spec_path, self.log_path = run_dir / "spec.json", run_dir / "engine.log"
         spec_path.write_text(json.dumps({"spec": resolved.to_json(), "root": str(root)}, indent=2, sort_keys=True))
         cmd = [sys.executable, "-m", "vramgate.engine_worker", "--serve", str(spec_path), str(self.control)]
@@ -204,3 +206,17 @@ class PairedEngines:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Round pairs per paired latency test, the statistic whose ratio it gates, and the tolerance per tier,
+#: as ``vramgate calibrate`` tuned them (figures in the README).
+PAIRED_ROUNDS = 10
+PAIRED_STAT = "tpot"
+PAIRED_TOLERANCE = {"cpu": (0.05, 0.10), "gpu": (0.05, 0.10)}
+
+
+def paired_tolerance(tier: str) -> tuple[float, float]:
+    """(candidate vs reference in the same run, ratio vs the stored baseline) on the ``cpu`` or ``gpu`` tier."""
+    if tier not in PAIRED_TOLERANCE:
+        raise ValueError(f"unknown engine tier {tier!r}; known: {', '.join(PAIRED_TOLERANCE)}")
+    return PAIRED_TOLERANCE[tier]

@@ -1,0 +1,165 @@
+"""The precision campaign's pure parts and the paired engines' failure path (no vLLM needed)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from pathlib import Path
+
+import pytest
+
+from vramgate.calibrate import (
+    PLANTED_EXACT,
+    Rate,
+    Trial,
+    analyze,
+    compare_exact,
+    make_trials,
+    render,
+    run_exact,
+    sweep,
+)
+from vramgate.engine import EngineError, EngineSpec
+from vramgate.paired import EngineServer, Round, paired_tolerance, round_ratios, round_stat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _trials(condition: str, pairs: int, per_pair: int, shift: float, cv: float, seed: int) -> list[Trial]:
+    rng = random.Random(seed)
+    out = []
+    for pair in range(pairs):
+        offset = rng.gauss(0, cv / 2)  # a per-process offset: what makes history comparisons harder
+        for _ in range(per_pair):
+            a = [rng.lognormvariate(0, cv) for _ in range(10)]
+            b = [x * (1 + shift) * (1 + offset) * rng.lognormvariate(0, cv) for x in a]
+            out.append(Trial(condition, pair, a, b))
+    return out
+
+
+def test_rate_bounds() -> None:
+    zero = Rate(0, 300)
+    assert zero.rate == 0 and zero.bounds()[0] == 0 and 0.005 < zero.bounds()[1] < 0.02
+    half = Rate(50, 100)
+    lo, hi = half.bounds()
+    assert lo < 0.5 < hi and hi - lo < 0.21
+    assert "0/300" in zero.show()
+
+
+def test_analyze_separates_a_planted_shift_from_noise() -> None:
+    trials = (_trials("unchanged", 4, 5, 0.0, 0.02, 1) + _trials("delay-5%", 4, 5, 0.05, 0.02, 2)
+              + _trials("delay-10%", 4, 5, 0.10, 0.02, 3))
+    fig = analyze(trials, tolerance=0.05, alpha=0.01)
+    # Every unchanged trial against every unchanged trial of another pair: 20 * 15.
+    assert fig.history_false_alarms.trials == 20 * 15
+    assert fig.history_false_alarms.rate <= 0.01
+    assert fig.history_detection["delay-10%"].trials == 20 * 20
+    assert fig.history_detection["delay-10%"].rate >= 0.95
+    assert fig.ab_detection["delay-10%"].rate >= 0.95 and fig.ab_false_alarms.hits == 0
+    assert fig.meets()
+
+
+def test_analyze_reports_a_machine_too_noisy_for_the_tolerance() -> None:
+    trials = _trials("unchanged", 4, 5, 0.0, 0.15, 4) + _trials("delay-10%", 4, 5, 0.10, 0.15, 5)
+    figures = sweep(trials, tolerances=(0.02,), alphas=(0.05,))
+    assert len(figures) == 1
+    assert not figures[0].meets()  # 15% noise: a 10% shift is not reliably seen at 2% tolerance
+
+
+def test_make_trials_cuts_rounds_per_pair() -> None:
+    raw = {"unchanged": [{"a_tpot": [1.0] * 25, "b_tpot": [1.1] * 25}, {"a_tpot": [2.0] * 10, "b_tpot": [2.0] * 10}]}
+    trials = make_trials(raw, "tpot", 10)
+    assert [(t.pair, len(t.a)) for t in trials] == [(0, 10), (0, 10), (1, 10)]  # 5 leftover rounds dropped
+    assert trials[0].ratios == pytest.approx([1.1] * 10)
+
+
+def _result(**changes: float) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {
+        "kv": {"capacity_tokens": 8192, "num_gpu_blocks": 257, "page_bytes": 32768},
+        "memory": {"kv_tensor_bytes": 2**23, "weights_bytes": 1_000_000},
+        "scheduler": {"peak_blocks_in_use": 96, "preemptions": 0, "recomputed_tokens": 0, "steps": 70},
+    }
+    for key, value in changes.items():
+        for section in out.values():
+            if key in section:
+                section[key] = value
+    return out
+
+
+def test_compare_exact_catches_planted_regressions_and_nothing_else() -> None:
+    assert compare_exact(_result(), _result()) == []
+    assert compare_exact(_result(), _result(peak_blocks_in_use=112)) == ["peak_blocks_in_use"]
+    assert compare_exact(_result(), _result(weights_bytes=1_010_000)) == ["weights_bytes"]
+    assert compare_exact(_result(), _result(capacity_tokens=8191)) == ["capacity_tokens"]
+    assert compare_exact(_result(), _result(capacity_tokens=8193)) == []  # better is not a regression
+
+
+def test_run_exact_counts_false_alarms_and_detections() -> None:
+    calls = []
+
+    def run(label: str, changes: dict[str, object]) -> dict[str, dict[str, float | None]]:
+        calls.append(label)
+        if changes.get("profile") == "calibrate-extra-kv-block":
+            return _result(peak_blocks_in_use=112)
+        if changes.get("env"):
+            return _result(weights_bytes=1_010_000)
+        return _result()
+
+    figures = run_exact(run, reruns=2)
+    data = figures.to_json()
+    assert calls[:3] == ["unchanged-0", "unchanged-1", "unchanged-2"] and len(calls) == 3 + len(PLANTED_EXACT)
+    assert data["false_alarms"] == [] and data["comparisons"] == 2 * 9
+    assert all(p["detected"] for p in data["planted"].values())
+    text = render({"campaign": {"model": "m", "pairs": 1, "rounds": 1, "trial_rounds": 1}, "seconds": 1.0,
+                   "exact": data, "figures": {}})
+    assert "detected" in text and "MISSED" not in text
+
+
+def test_round_ratios_and_stats() -> None:
+    assert round_ratios([1.0, 2.0], [1.1, 1.0]) == pytest.approx([1.1, 0.5])
+    with pytest.raises(ValueError, match="differ in number"):
+        round_ratios([1.0], [1.0, 2.0])
+    r = Round(ttft_s=[0.1, 0.3], tpot_s=[0.01, 0.02, 0.03], e2e_s=[1.0], steps_s=[0.005], wall_s=2.0)
+    assert round_stat(r, "tpot") == 0.02 and round_stat(r, "wall") == 2.0
+    with pytest.raises(ValueError, match="unknown round statistic"):
+        round_stat(r, "p99")
+    with pytest.raises(ValueError, match="unknown engine tier"):
+        paired_tolerance("tpu")
+
+
+def _descendants() -> set[int]:
+    from vramgate.probes.cpu import children
+
+    return set(children(os.getpid()))
+
+
+def test_engine_server_that_dies_at_start_fails_with_its_log_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = EngineSpec(model="tiny-llama", env={"VRAMGATE_PLANT_DELAY": "not-a-number"}, timeout_s=120)
+    before = _descendants()
+    server = EngineServer(spec, ROOT, tmp_path / "server")
+    with pytest.raises(EngineError, match=r"exited with status 1 before writing ready\.json") as info:
+        server.ready()
+    assert info.value.log_tail.strip(), "the error must carry the server's log tail"
+    assert _descendants() - before == set()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)  # the process group is gone
+
+
+def test_record_paired_fails_a_candidate_slower_than_its_reference_in_the_same_run() -> None:
+    from vramgate.checks import check_budget
+    from vramgate.gate import Gate
+
+    rng = random.Random(7)
+    reference = [rng.lognormvariate(0, 0.02) for _ in range(10)]
+    gate = Gate("t::x", "latency")
+    same = gate.record_paired("same", reference, [x * rng.lognormvariate(0, 0.01) for x in reference], tolerance=0.05)
+    slow = gate.record_paired("slow", reference, [x * 1.12 for x in reference], tolerance=0.05,
+                              history_tolerance=0.1)
+    assert check_budget(same) is None
+    message = check_budget(slow)
+    assert message is not None and "worse than its reference" in message and "+12" in message
+    assert slow.value == pytest.approx(1.12) and slow.tolerance == 0.1 and slow.kind == "measured"
+    assert "paired" not in slow.to_json()  # baselines keep the ratios, not both sides
+    with pytest.raises(ValueError, match="2 pairs"):
+        gate.record_paired("bad", [1.0], [1.0], tolerance=0.05)
