@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,8 @@ BLOCK_SIZES = (16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOG_TAIL_LINES = 60
+#: Seconds an engine gets to end after SIGTERM (a timeout, an interrupt) before its process group is killed.
+KILL_GRACE_S = 10.0
 
 
 class SpecError(ValueError):
@@ -39,12 +42,51 @@ class SpecError(ValueError):
 
 
 class EngineError(RuntimeError):
-    """An engine run that crashed, timed out or ran out of memory; carries the log tail."""
+    """An engine run that crashed, timed out or ran out of memory; carries the log tail.
 
-    def __init__(self, message: str, log_tail: str = "", run_dir: Path | None = None) -> None:
-        super().__init__(message + (f"\n--- engine log tail ({run_dir}) ---\n{log_tail}" if log_tail else ""))
+    ``cause`` is the short reason when the log names a known one (see
+    :data:`KNOWN_CAUSES`), else ""; ``exception`` the last exception line of
+    the log (``ValueError: ...``), else "". Both are in the message's first
+    line, with ``details[cause]`` (the gate's own figures) where given.
+    """
+
+    def __init__(
+        self, message: str, log_tail: str = "", run_dir: Path | None = None, details: dict[str, str] | None = None
+    ) -> None:
+        self.cause, self.exception = diagnose(log_tail)
+        head = message
+        if self.cause:
+            head += f": {self.cause}"
+            if details and details.get(self.cause):
+                head += f" ({details[self.cause]})"
+        if self.exception:
+            head += f" ({self.exception})"
+        super().__init__(head + (f"\n--- engine log tail ({run_dir}) ---\n{log_tail}" if log_tail else ""))
         self.log_tail = log_tail
         self.run_dir = run_dir
+
+
+KV_TOO_SMALL = "KV cache budget too small for one request of max_model_len"
+#: Log patterns of failures with a known cause, and the cause as the gate names it (first match wins).
+KNOWN_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"To serve at least one request with the model's max seq len"), KV_TOO_SMALL),
+    (re.compile(r"No available memory for the cache blocks"), "no memory left for the KV cache"),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"), "device out of memory"),
+    (re.compile(r"DefaultCPUAllocator: can't allocate memory|\bMemoryError\b"), "host out of memory"),
+)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+
+
+def diagnose(log: str) -> tuple[str, str]:
+    """(known cause, last exception line) found in an engine log; "" for what is not there."""
+    lines = [line.strip() for line in log.splitlines()]
+    exception = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), "")
+    if len(exception) > 400:
+        exception = exception[:400] + "..."
+    for pattern, cause in KNOWN_CAUSES:
+        if pattern.search(log):
+            return cause, exception
+    return "", exception
 
 
 @dataclass(frozen=True)
@@ -131,6 +173,19 @@ def cpu_backend_problem(spec: EngineSpec, use_mla: bool) -> str | None:
     return None
 
 
+def kv_need(spec: EngineSpec, root: Path) -> tuple[int, int]:
+    """(KV bytes per token, KV bytes one request of ``max_model_len`` needs next to vLLM's null block)."""
+    shape = load_model(root, spec.model)
+    per_token = shape.bytes_per_token(spec.kv_cache_dtype if spec.kv_cache_dtype != "bfloat16" else "auto")
+    return per_token, (-(-spec.max_model_len // spec.block_size) + 1) * spec.block_size * per_token
+
+
+def kv_budget_bytes(spec: EngineSpec) -> int:
+    """The KV budget the engine gets: ``kv_budget_gib``, unless an engine argument overrides it."""
+    override = spec.engine_args.get("kv_cache_memory_bytes")
+    return int(override) if isinstance(override, int | float) else int(spec.kv_budget_gib * 2**30)
+
+
 def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
     """Reject a spec that cannot run, before an engine starts; the error names the field."""
 
@@ -166,9 +221,8 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         if problem:
             raise SpecError(problem)
     # A request of max_model_len must fit in the KV budget, next to vLLM's null block.
-    per_token = shape.bytes_per_token(spec.kv_cache_dtype if spec.kv_cache_dtype != "bfloat16" else "auto")
+    per_token, need = kv_need(spec, root)
     budget = int(spec.kv_budget_gib * 2**30)
-    need = (-(-spec.max_model_len // spec.block_size) + 1) * spec.block_size * per_token
     if need > budget:
         raise SpecError(
             f"spec field 'kv_budget_gib' = {spec.kv_budget_gib!r} is too small: one request of max_model_len "
@@ -203,7 +257,15 @@ class EngineResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EngineResult:
+        """The result in *data*; ``TypeError`` naming what is missing when it is not one."""
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        missing = sorted(required - set(data))
+        if missing:
+            raise TypeError(f"missing field(s) {', '.join(missing)}")
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def to_json(self) -> dict[str, Any]:
@@ -258,11 +320,25 @@ def engine_env(
     return env
 
 
+def _kv_figures(spec: EngineSpec, root: Path) -> str:
+    """The KV budget against one max_model_len request's need, in the gate's own figures."""
+    from vramgate.metrics import format_value
+
+    try:
+        per_token, need = kv_need(spec, root)
+    except ModelConfigError:
+        return ""
+    budget = kv_budget_bytes(spec)
+    return (f"KV budget {format_value(budget, 'B', precise=True)}; one request of max_model_len "
+            f"{spec.max_model_len} tokens needs {format_value(need, 'B', precise=True)} at {per_token} B/token")
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """End *proc*'s process group: SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=KILL_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -314,14 +390,21 @@ def run_engine(
             why = f"was killed by {sig}" + (" (out of memory?)" if rc == -signal.SIGKILL else "")
         else:
             why = f"exited with status {rc}"
-        raise EngineError(f"engine for {spec.model} {why}", _tail(log_path), run_dir)
+        raise EngineError(f"engine for {spec.model} {why}", _tail(log_path), run_dir,
+                          details={KV_TOO_SMALL: _kv_figures(spec, root)})
     try:
         data = json.loads(result_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EngineError(
             f"engine for {spec.model} left no readable result ({exc})", _tail(log_path), run_dir
         ) from None
-    result = EngineResult.from_json(data)
+    try:
+        result = EngineResult.from_json(data)
+    except (TypeError, AttributeError) as exc:
+        raise EngineError(
+            f"engine for {spec.model} left {result_path.name} that is not an engine result ({exc})",
+            _tail(log_path), run_dir,
+        ) from None
     result.timing["subprocess_wall_s"] = wall
     result.run_dir = str(run_dir)
     return result
@@ -339,6 +422,11 @@ def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineS
     from vramgate.patches import build_overlay, find_profile
 
     profile = find_profile(root, spec.profile)
+    if profile.checkpoint and "model" not in spec.engine_args:
+        raise SpecError(
+            f"profile {profile.name} serves a {profile.checkpoint.format} checkpoint (group size "
+            f"{profile.checkpoint.group_size}): write one with vramgate.quantpack.write_checkpoint and pass its "
+            "folder as engine_args 'model' (with load_format 'safetensors')")
     paths = [build_overlay(profile, overlays)] if profile.series else []
     return spec.replace(engine_args={**profile.engine_args, **spec.engine_args},
                         env={**profile.env, **spec.env}), paths

@@ -79,6 +79,18 @@ class Requirements:
 
 
 @dataclass(frozen=True)
+class CheckpointFormat:
+    """The quantized checkpoint a profile serves (``[checkpoint]``): its on-disk format and group size.
+
+    The suites generate it (:func:`vramgate.quantpack.write_checkpoint`) and pass
+    its folder as the engine's ``model`` with ``load_format = "safetensors"``.
+    """
+
+    format: str
+    group_size: int = 128
+
+
+@dataclass(frozen=True)
 class Profile:
     """One optimization profile, validated."""
 
@@ -95,6 +107,7 @@ class Profile:
     requires: Requirements = Requirements()
     suites: tuple[str, ...] = ()
     claims: tuple[Claim, ...] = ()
+    checkpoint: CheckpointFormat | None = None
 
     @property
     def digest(self) -> str:
@@ -118,7 +131,7 @@ def _get(data: dict[str, Any], key: str, typ: type | tuple[type, ...], where: st
 
 
 _KNOWN = {"name", "description", "hypothesis", "target", "patches", "engine_args", "env", "requires", "suites",
-          "claims"}
+          "claims", "checkpoint"}
 
 
 def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
@@ -189,6 +202,7 @@ def load_profile(directory: Path) -> Profile:
     if not all(isinstance(v, str) for v in env.values()):
         raise ProfileError(f"{where} [env]: values must be strings")
     suites = _get(data, "suites", list, where, [])
+    checkpoint = _checkpoint(data, where)
     if not series and not _get(data, "engine_args", dict, where, {}) and not env:
         raise ProfileError(f"{where}: a profile needs a diff series, engine_args or env")
     return Profile(
@@ -198,8 +212,26 @@ def load_profile(directory: Path) -> Profile:
         engine_args=dict(_get(data, "engine_args", dict, where, {})), env=dict(env),
         requires=Requirements(device=device, gpus=_get(req, "gpus", int, f"{where} [requires]", 0),
                               capability=tuple(cap) if cap else None),  # type: ignore[arg-type]
-        suites=tuple(str(s) for s in suites), claims=tuple(claims),
+        suites=tuple(str(s) for s in suites), claims=tuple(claims), checkpoint=checkpoint,
     )
+
+
+def _checkpoint(data: dict[str, Any], where: str) -> CheckpointFormat | None:
+    """The optional ``[checkpoint]`` table: ``format`` (a format the packer writes) and ``group_size``."""
+    from vramgate.quant import CHECKPOINT_FORMATS
+
+    table = _get(data, "checkpoint", dict, where, None)
+    if table is None:
+        return None
+    cw = f"{where} [checkpoint]"
+    _no_unknown(table, {"format", "group_size"}, cw)
+    fmt = _get(table, "format", str, cw)
+    if fmt not in CHECKPOINT_FORMATS:
+        raise ProfileError(f"{cw}: format {fmt!r} is not one of {', '.join(CHECKPOINT_FORMATS)}")
+    group_size = _get(table, "group_size", int, cw, 128)
+    if isinstance(group_size, bool) or group_size < 2 or group_size % 2:
+        raise ProfileError(f"{cw}: group_size must be an even number of inputs >= 2, got {group_size!r}")
+    return CheckpointFormat(fmt, group_size)
 
 
 def patches_dir(root: Path) -> Path:
@@ -399,7 +431,13 @@ def build_overlay(profile: Profile, dest: Path) -> Path:
         for rel_name, text in contents.items():
             (tmp / rel_name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel_name).write_text(text, encoding="utf-8")
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            # Another run built the same overlay (same profile digest) meanwhile; it is complete, use it.
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -30,14 +30,22 @@ from vramgate.gate import Claim, Gate
 from vramgate.gpuclean import alive
 from vramgate.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
 from vramgate.metrics import format_change, format_value
-from vramgate.probes.cpu import children
+from vramgate.probes.cpu import children, rss_bytes
 from vramgate.provenance import git_commit, now_utc, software_versions, version_mismatches
 
 SESSION_NAME = "vramgate-session"
-#: Helper processes Python starts once and keeps for the life of the process: not leaks.
-PROCESS_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+#: Helper processes started once and kept for the life of the process: not leaks. Python's multiprocessing
+#: helpers, and the symbolizers torch keeps to resolve C++ frames (allocator snapshots with C++ stacks).
+PROCESS_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "addr2line -C -f -e ")
 #: CUDA memory a test may leave allocated (caches of cuBLAS and friends) before hygiene fails it.
 CUDA_LEAK_TOLERANCE = 8 << 20
+#: Growth of the resident memory of this process's child processes (summed) that hygiene tolerates.
+PROCESS_TREE_TOLERANCE = 64 << 20
+#: Growth of device memory used by other processes than this one (NVML) that hygiene tolerates: lazily
+#: loaded CUDA modules of this process are not attributed to it where NVML cannot name its pid.
+NVML_LEAK_TOLERANCE = 256 << 20
+#: Tests that use one of these fixtures (or carry a ``requires_*`` mark) get the memory checks of hygiene.
+ENGINE_FIXTURES = ("engine",)
 MISSING_POLICIES = ("fail", "record", "skip")
 MISSING_VERDICTS: dict[str, Verdict] = {"fail": "missing", "record": "new", "skip": "not compared"}
 GATE_KEY = pytest.StashKey[Gate]()
@@ -79,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+            return " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())[:200]
     except OSError:
         return "?"
 
@@ -109,6 +117,120 @@ def gate(request: pytest.FixtureRequest) -> Gate:
     recorder = Gate(item.nodeid, session.suite_for(item))
     item.stash[GATE_KEY] = recorder
     return recorder
+
+
+@dataclass
+class DeviceReading:
+    """NVML's view of one device, for hygiene: memory used in all, and by this process where NVML names it."""
+
+    used_bytes: int
+    own_bytes: int | None
+    """This process's device memory; None where NVML lists other pids only while this process holds a context."""
+    processes: dict[int, int]
+
+
+@dataclass
+class HygieneState:
+    """What hygiene reads before and after a test (see Note [hygiene])."""
+
+    children: set[int]
+    cuda_allocated: int | None
+    tree: dict[int, int] | None = None
+    """Resident bytes per live child process (helpers left out); None when memory is not checked."""
+    devices: dict[int, DeviceReading] | None = None
+    """NVML readings per device index; None when memory is not checked or NVML is unavailable."""
+    cuda_context: bool = False
+    """Whether this process held a CUDA context at the reading."""
+
+
+def tree_rss(pids: set[int]) -> dict[int, int]:
+    """Resident bytes of each running process in *pids*, leaving out zombies and Python's helpers."""
+    out = {}
+    for pid in pids:
+        if not alive(pid) or any(helper in _cmdline(pid) for helper in PROCESS_HELPERS):
+            continue
+        try:
+            out[pid] = rss_bytes(pid)
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    return out
+
+
+def device_readings() -> dict[int, DeviceReading] | None:
+    """NVML's used memory of every device, and this process's share where NVML names it; None without NVML."""
+    from vramgate.probes.nvml import NVMLUnavailable, _nvml
+
+    try:
+        nvml = _nvml()
+    except NVMLUnavailable:
+        return None
+    torch = sys.modules.get("torch")
+    context = torch is not None and torch.cuda.is_initialized()
+    me = os.getpid()
+    try:
+        out = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            procs: dict[int, int] = {}
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                procs[int(proc.pid)] = procs.get(int(proc.pid), 0) + int(proc.usedGpuMemory or 0)
+            own = procs.get(me, 0) if me in procs or not context else None
+            out[index] = DeviceReading(int(nvml.nvmlDeviceGetMemoryInfo(handle).used), own, procs)
+        return out
+    except Exception:  # NVML lost mid-reading: no device check rather than a false one
+        return None
+    finally:
+        nvml.nvmlShutdown()
+
+
+def tree_leak(before: HygieneState, after: HygieneState) -> list[str]:
+    """The hygiene line when the child processes' resident memory grew by more than the tolerance."""
+    if before.tree is None or after.tree is None:
+        return []
+    start, end = sum(before.tree.values()), sum(after.tree.values())
+    if end - start <= PROCESS_TREE_TOLERANCE:
+        return []
+    grown = sorted(((rss - before.tree.get(pid, 0), pid) for pid, rss in after.tree.items()), reverse=True)
+    worst = ", ".join(f"pid {pid} +{format_value(d, 'B')} (now {format_value(after.tree[pid], 'B')}): "
+                      f"{_cmdline(pid)[:80]}" for d, pid in grown[:3] if d > 0)
+    return [f"child processes' memory did not return to its starting level: resident "
+            f"{format_value(start, 'B')} before the test, {format_value(end, 'B')} after "
+            f"(+{format_value(end - start, 'B')}, tolerance {format_value(PROCESS_TREE_TOLERANCE, 'B')}); {worst}"]
+
+
+def device_leaks(before: HygieneState, after: HygieneState) -> list[str]:
+    """Hygiene lines for devices whose memory used by other processes than this one grew past the tolerance.
+
+    Where NVML does not name this process (host pids in a container) while it
+    holds a CUDA context, its own share is taken as unchanged; a context this
+    process created during the test then makes the reading unattributable and
+    the device is not judged.
+    """
+    if before.devices is None or after.devices is None:
+        return []
+    out = []
+    for index, b in sorted(before.devices.items()):
+        a = after.devices.get(index)
+        if a is None:
+            continue
+        if a.own_bytes is not None and b.own_bytes is not None:
+            own_growth = a.own_bytes - b.own_bytes
+        elif before.cuda_context:
+            own_growth = 0
+        else:
+            continue  # this process's context appeared during the test and NVML cannot tell its share
+        grown = a.used_bytes - b.used_bytes - own_growth
+        if grown <= NVML_LEAK_TOLERANCE:
+            continue
+        me = os.getpid()
+        holders = sorted(((used - b.processes.get(pid, 0), pid) for pid, used in a.processes.items()
+                          if pid != me), reverse=True)
+        named = ", ".join(f"pid {pid} +{format_value(d, 'B')}" for d, pid in holders[:3] if d > 0)
+        out.append(f"GPU {index} memory used by other processes did not return to its starting level: "
+                   f"+{format_value(grown, 'B')} (device used {format_value(b.used_bytes, 'B')} before the "
+                   f"test, {format_value(a.used_bytes, 'B')} after; tolerance "
+                   f"{format_value(NVML_LEAK_TOLERANCE, 'B')})" + (f"; {named}" if named else ""))
+    return out
 
 
 @dataclass
@@ -161,12 +283,13 @@ class GateSession:
         self.shard: tuple[int, int] | None = parse_shard(shard) if shard else None
         hygiene, _ = opt("gate_hygiene")
         self.hygiene = (hygiene or "on") != "off"
-        self._before: dict[str, tuple[set[int], int | None]] = {}
+        self._before: dict[str, HygieneState] = {}
         self._call_failed: set[str] = set()
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, Claim]] = []
         self.pending: dict[str, dict[str, NodeBaseline]] = {}
         self.written: list[Path] = []
+        self.report_written = False
         self.errors: list[str] = []
         self._fingerprint: hardware.Fingerprint | None = None
         self._gpus: tuple[hardware.GPUInfo, ...] | None = None
@@ -250,6 +373,13 @@ class GateSession:
 
     # -- hygiene ---------------------------------------------------------------------
 
+    # Note [hygiene]: at setup the plugin takes the state of the process tree (child processes; for
+    # tests that use the engine or a GPU also their resident memory and, through NVML, the device
+    # memory of other processes) and of this process's CUDA allocator; at teardown, after the
+    # fixtures are finalized, it takes it again. What is still there and was not before fails the
+    # test that left it, named, with the numbers. A broader-scoped fixture (a session's server, say)
+    # that is set up for this test is part of the starting state: the reading is retaken after setup.
+
     @staticmethod
     def _cuda_allocated() -> int | None:
         torch = sys.modules.get("torch")
@@ -262,31 +392,70 @@ class GateSession:
             clear()
         return int(torch.cuda.memory_allocated())
 
-    def _hygiene_state(self) -> tuple[set[int], int | None]:
-        return set(children(os.getpid())), self._cuda_allocated()
+    @staticmethod
+    def memory_checked(item: pytest.Item) -> bool:
+        """Whether hygiene checks *item*'s process-tree and device memory: it uses the engine or a GPU."""
+        names = getattr(item, "fixturenames", ())
+        return any(f in names for f in ENGINE_FIXTURES) or any(
+            mark.name in HARDWARE_MARKERS for mark in item.iter_markers())
+
+    def _hygiene_state(self, memory: bool = False) -> HygieneState:
+        kids = set(children(os.getpid()))
+        allocated = self._cuda_allocated()
+        if not memory:
+            return HygieneState(kids, allocated)
+        torch = sys.modules.get("torch")
+        context = False
+        if torch is not None and torch.cuda.is_initialized():
+            context = True
+            torch.cuda.empty_cache()  # cached free blocks are this process's, not a leak of anyone's
+        return HygieneState(kids, allocated, tree_rss(kids), device_readings(), context)
 
     def leaks(self, nodeid: str, cuda: bool = True) -> list[str]:
-        """What the test *nodeid* left behind: child processes still running, CUDA memory still allocated."""
-        before_children, before_cuda = self._before.pop(nodeid, (set(), None))
+        """What the test *nodeid* left behind: child processes still running, CUDA memory still allocated;
+        for tests that use the engine or a GPU also child-process and device memory not returned."""
+        before = self._before.pop(nodeid, HygieneState(set(), None))
+        memory = before.tree is not None
         if cuda and "torch" in sys.modules:
             gc.collect()  # reference cycles the test left are garbage, not leaks
-        after_children, after_cuda = self._hygiene_state()
-        if not cuda:
-            after_cuda = None
+        after = self._hygiene_state(memory)
+        after_cuda = after.cuda_allocated if cuda else None
         out = []
-        for pid in sorted(after_children - before_children):
+        for pid in sorted(after.children - before.children):
             cmd = _cmdline(pid)
             if alive(pid) and not any(helper in cmd for helper in PROCESS_HELPERS):
                 out.append(f"child process {pid} still running: {cmd}")
-        if after_cuda is not None and after_cuda - (before_cuda or 0) > CUDA_LEAK_TOLERANCE:
-            out.append(f"CUDA memory still allocated: {format_value(after_cuda - (before_cuda or 0), 'B')} more "
+        if after_cuda is not None and after_cuda - (before.cuda_allocated or 0) > CUDA_LEAK_TOLERANCE:
+            grown = after_cuda - (before.cuda_allocated or 0)
+            out.append(f"CUDA memory still allocated: {format_value(grown, 'B')} more "
                        f"than before the test (tolerance {format_value(CUDA_LEAK_TOLERANCE, 'B')})")
+        if memory:
+            out += tree_leak(before, after)
+            out += device_leaks(before, after)
         return out
+
+    def _pending_broad_fixtures(self, item: pytest.Item) -> list[Any]:
+        """Broader-scoped fixture definitions of *item* not set up yet (see Note [hygiene])."""
+        info = getattr(item, "_fixtureinfo", None)
+        defs = getattr(info, "name2fixturedefs", None) or {}
+        return [d for ds in defs.values() for d in ds
+                if getattr(d, "scope", "function") != "function" and getattr(d, "cached_result", 0) is None]
+
+    @pytest.hookimpl(wrapper=True, specname="pytest_runtest_setup")
+    def pytest_runtest_setup_hygiene(self, item: pytest.Item) -> Generator[None, None, None]:
+        """Take hygiene's starting reading around the setup of *item* (see Note [hygiene])."""
+        if not self.hygiene:
+            return (yield)
+        memory = self.memory_checked(item)
+        pending = self._pending_broad_fixtures(item)
+        self._before[item.nodeid] = self._hygiene_state(memory)
+        result = yield
+        if any(getattr(d, "cached_result", None) is not None for d in pending):
+            self._before[item.nodeid] = self._hygiene_state(memory)
+        return result
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        if self.hygiene:
-            self._before[item.nodeid] = self._hygiene_state()
         needs = [
             HardwareNeed(mark.name, marker_value(mark, item.nodeid))
             for mark in item.iter_markers()
@@ -472,15 +641,22 @@ class GateSession:
             for suite, tests in sorted(self.pending.items()):
                 try:
                     self.written.append(self.storage.update(fp.key, suite, fp.to_json(), tests))
-                except (OSError, BaselineError) as exc:
-                    self.errors.append(f"could not write the baseline of suite {suite!r}: {exc}")
+                except BaselineError as exc:
+                    self.errors.append(f"could not update the baseline of suite {suite!r}: {exc} "
+                                       "(left as it is: repair or delete it, then rerun with --gate-update)")
+                except OSError as exc:
+                    path = self._rel(self.storage.path_for(fp.key, suite))
+                    self.errors.append(f"could not write the baseline of suite {suite!r} to {path}: {exc} "
+                                       "(the previous file, if any, is unchanged)")
         if self.report_dir is not None and (self.results or self.claims):
             from vramgate.report import write_report
 
             try:
                 write_report(self, self.report_dir)
+                self.report_written = True
             except OSError as exc:
-                self.errors.append(f"could not write the report into {self.report_dir}: {exc}")
+                self.errors.append(f"could not write the report into {self.report_dir}: {exc} "
+                                   "(the previous report there, if any, is unchanged)")
         if self.errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

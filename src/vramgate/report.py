@@ -8,16 +8,19 @@ report says the plot was left out.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import shlex
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vramgate.baselines import atomic_write_text
+from vramgate.baselines import new_file_mode, stage_text
 from vramgate.metrics import format_change
 
 if TYPE_CHECKING:
@@ -140,7 +143,7 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
         )
     for path in session.written:
         tr.write_line(f"baseline written: {session._rel(path)} (review the diff and commit it)")
-    if session.report_dir is not None:
+    if session.report_dir is not None and session.report_written:
         tr.write_line(f"report: {session.report_dir / 'report.md'}")
     for error in session.errors:
         tr.write_line(f"ERROR: {error}", red=True)
@@ -281,7 +284,7 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
 
 
 def plot_changes(rows: list[Row], path: Path) -> bool:
-    """Bar chart of the relative change of every compared metric; False without matplotlib."""
+    """Bar chart (PNG) of the relative change of every compared metric into *path*; False without matplotlib."""
     try:
         import matplotlib
 
@@ -292,33 +295,61 @@ def plot_changes(rows: list[Row], path: Path) -> bool:
     data = [r for r in rows if r.change_value is not None and math.isfinite(r.change_value)]
     height = max(2.5, 0.25 * len(data) + 1.0)
     fig, ax = plt.subplots(figsize=(9, height))
-    if data:
-        labels = [f"{r.test.split('::', 1)[-1]} · {r.metric}" for r in data]
-        values = [r.change_value * 100 for r in data if r.change_value is not None]
-        colors = ["#d62728" if r.failed else ("#2ca02c" if r.verdict == "improved" else "#7f7f7f")
-                  for r in data]
-        ax.barh(range(len(data)), values, color=colors)
-        ax.set_yticks(range(len(data)))
-        ax.set_yticklabels(labels, fontsize=7)
-        ax.invert_yaxis()
-        ax.axvline(0, color="black", linewidth=0.8)
-    else:
-        ax.text(0.5, 0.5, "no metric was compared with a baseline", ha="center", va="center")
-    ax.set_xlabel("change vs baseline (%)")
-    ax.set_title("vramgate: change of each metric (red: failing, green: improved)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        if data:
+            labels = [f"{r.test.split('::', 1)[-1]} · {r.metric}" for r in data]
+            values = [r.change_value * 100 for r in data if r.change_value is not None]
+            colors = ["#d62728" if r.failed else ("#2ca02c" if r.verdict == "improved" else "#7f7f7f")
+                      for r in data]
+            ax.barh(range(len(data)), values, color=colors)
+            ax.set_yticks(range(len(data)))
+            ax.set_yticklabels(labels, fontsize=7)
+            ax.invert_yaxis()
+            ax.axvline(0, color="black", linewidth=0.8)
+        else:
+            ax.text(0.5, 0.5, "no metric was compared with a baseline", ha="center", va="center")
+        ax.set_xlabel("change vs baseline (%)")
+        ax.set_title("vramgate: change of each metric (red: failing, green: improved)")
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100, format="png")
+    finally:
+        plt.close(fig)
     return True
 
 
 def write_report_data(data: dict[str, Any], directory: Path) -> None:
-    """Write ``report.json``, ``changes.png`` (when matplotlib is there) and ``report.md`` into *directory*."""
+    """Write ``report.json``, ``changes.png`` (when matplotlib is there) and ``report.md`` into *directory*.
+
+    Note [report all or nothing]: every file is first written in full to a
+    temporary file in *directory*; only when all are written are they renamed
+    into place. A write that fails (a full disk) removes the temporary files
+    and leaves the previous report as it was, never a truncated file or a
+    new ``report.json`` beside an old ``report.md``.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(directory / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    plot = "changes.png" if plot_changes(_rows(data), directory / "changes.png") else None
-    atomic_write_text(directory / "report.md", markdown(data, plot))
+    staged: list[tuple[Path, Path]] = []
+    try:
+        staged.append((stage_text(directory / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n"),
+                       directory / "report.json"))
+        fd, name = tempfile.mkstemp(prefix=".changes.png.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        png = Path(name)
+        staged.append((png, directory / "changes.png"))
+        plot = "changes.png" if plot_changes(_rows(data), png) else None
+        if plot is None:
+            staged.pop()
+            png.unlink()
+        else:
+            os.chmod(png, new_file_mode(directory / "changes.png"))
+        staged.append((stage_text(directory / "report.md", markdown(data, plot)), directory / "report.md"))
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
 
 
 def write_report(session: GateSession, directory: Path) -> None:
