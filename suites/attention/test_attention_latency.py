@@ -18,9 +18,10 @@ from vramgate.gate import Gate
 torch = pytest.importorskip("torch")
 
 SAMPLES = 30
-#: Two back-to-back runs on one idle, unthrottled H200 moved decode latency by 10-14% (the GPU-state guard
-#: saw nothing): below 20% a shift is not evidence of a kernel change on this class of machine.
-GPU_LATENCY_TOLERANCE = 0.2
+#: Latency against a baseline from another process: ``scripts/gpu-calibrate.sh`` on an H200 (8 processes,
+#: 22,400 cross-process comparisons of 30-sample flash-decode sets) gave false alarms of 12.7% at a 10%
+#: tolerance, 2.0% at 20% and none at 30%. Finer changes need a paired comparison (gate.record_paired).
+GPU_LATENCY_TOLERANCE = 0.3
 CASES = {
     "decode-gqa4-8k": AttentionShape(32, 32, 8, 1, 8192, 128),
     "decode-mha-4k": AttentionShape(16, 32, 32, 1, 4096, 128),

@@ -80,6 +80,10 @@ class Captured:
         self.outputs.clear()
 
 
+#: Relative tolerance of NVML's device-used figure (see test_capture_memory).
+DRIVER_USED_TOLERANCE = 1.0
+
+
 @pytest.fixture
 def step() -> DecodeStep:
     """The decode step's weights (per test, so each test leaves the device as it found it)."""
@@ -109,7 +113,9 @@ def test_capture_memory(gate: Gate, step: DecodeStep, pool: str) -> None:
     gate.record("graph_reserved_bytes", reserved, unit="B")
     gate.record("largest_capture_bytes", graphs.capture_bytes[largest], unit="B")
     if used is not None and used0 is not None:
-        gate.record("driver_used_bytes", used - used0, unit="B", tolerance=0.1)
+        # NVML's device-wide figure also holds what the CUDA context loads lazily: two runs on one H200 read
+        # 162 MiB and 298 MiB for the same captures. It gates gross changes only; the allocator's figures are exact.
+        gate.record("driver_used_bytes", used - used0, unit="B", tolerance=DRIVER_USED_TOLERANCE)
     print({s: graphs.capture_bytes[s] for s in SIZES})
     assert graphs.capture_bytes[largest] >= largest * INTERMEDIATE * 2, "the largest capture holds its activations"
     if pool == "shared":

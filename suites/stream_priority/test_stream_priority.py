@@ -24,8 +24,9 @@ pytestmark = pytest.mark.requires_gpus(1)
 
 SAMPLES = 20
 #: Latency behind a saturating load moves by tens of percent run to run (measured on an H200: the high-priority
-#: kernel behind elementwise load went 133 -> 109 us between two runs); gate only gross shifts.
-LOADED_TOLERANCE = 0.5
+#: kernel behind elementwise load went 133 -> 109 us between two runs, the low-priority one behind GEMMs
+#: 454 -> 692 us between two machines); gate only gross shifts: the same-run ratio (speedup) is the figure.
+LOADED_TOLERANCE = 1.0
 GEMM = 8192
 KERNELS_PER_LOAD = 12
 ELEMENTS = 1 << 28

@@ -1,0 +1,44 @@
+"""Latency of 4-bit checkpoints against bf16, measured on the same workload in the same session.
+
+Per-request TTFT and TPOT of each quantized run (vLLM's request stats), and
+per request the TPOT ratio to the bf16 run's same request (the workload gives
+every request the same lengths, so request i is paired with request i). On
+CPU, 4-bit linear layers run vLLM's ``cpu_gemm_wna16`` and bf16 ones oneDNN;
+on this tiny model both are a small part of a decode step, so the ratio says
+little about a full-size model and gates only gross regressions (tolerance
+100% on CPU, as the latency suite).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramgate.engine import engine_tier
+from vramgate.gate import Gate
+from vramgate.metrics import median
+from vramgate.patches import profiles_for_suite
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = [pytest.param("bf16", id="bf16")] + [
+    pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "quantization")]
+TOLERANCE = 1.0 if engine_tier() == "cpu" else 0.2
+
+
+@pytest.mark.parametrize("name", NAME)
+def test_quantized_latency(gate: Gate, quant_runs: Any, name: str) -> None:
+    """TTFT and TPOT samples; for a quantized run also the per-request TPOT ratio to bf16."""
+    lat = quant_runs.run(name).latency
+    n = quant_runs.reference.requests
+    assert len(lat["ttft_s"]) == n and len(lat["tpot_s"]) == n, "vLLM returned no per-request stats"
+    gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TOLERANCE)
+    gate.record_samples("tpot", lat["tpot_s"], unit="s", tolerance=TOLERANCE)
+    if name == "bf16":
+        return
+    ref = quant_runs.run("bf16").latency
+    ratios = [q / r for q, r in zip(lat["tpot_s"], ref["tpot_s"], strict=True)]
+    gate.record_samples("tpot_vs_bf16", ratios, unit="ratio", tolerance=TOLERANCE)
+    print(f"{name}: median TPOT {median(lat['tpot_s']) * 1e3:.2f} ms vs bf16 {median(ref['tpot_s']) * 1e3:.2f} ms "
+          f"(median ratio {median(ratios):.2f})")
