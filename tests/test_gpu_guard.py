@@ -131,3 +131,53 @@ def test_clean_gpu_passes_and_records(guarded: pytest.Pytester, monkeypatch: pyt
     assert condition["guarded"] is True and condition["after"]["reasons"] == ["gpu idle"]
     assert baseline(guarded).exists()
     run(guarded, monkeypatch, "clean").assert_outcomes(passed=1)
+
+
+# A GPU test that never calls gate.gpu_guard() itself: the plugin guards its call (Note [default GPU guard]).
+DEFAULT_GUARD_CONFTEST = """
+import os
+
+from vramgate import hardware
+from vramgate.probes import gpu_state
+from vramgate.probes.gpu_state import GPUState
+
+hardware.probe_gpus = lambda: ((hardware.GPUInfo("Faked GPU", 80 * 10**9, (9, 0)),), "580.0", "13.0")
+
+
+def fake_read_state(index=0):
+    reasons = ("HW slowdown",) if os.environ["STATE"] == "throttled" else ("gpu idle",)
+    return GPUState(index, 1100, 1980, 3201, 80, reasons, {os.getpid(): 1})
+
+
+gpu_state.read_state = fake_read_state
+"""
+
+DEFAULT_GUARD_TEST = """
+import pytest
+
+
+@pytest.mark.requires_gpus(1)
+def test_gpu_measure(gate):
+    gate.record_samples("latency_s", [0.010, 0.011, 0.012, 0.010, 0.011], unit="s")
+
+
+def test_cpu_measure(gate):
+    gate.record_samples("latency_s", [0.010, 0.011, 0.012, 0.010, 0.011], unit="s")
+"""
+
+
+@pytest.mark.parametrize(("state", "outcome"), [("clean", {"passed": 2}), ("throttled", {"passed": 1, "failed": 1})])
+def test_gpu_tests_are_guarded_by_default(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, state: str, outcome: dict[str, int]
+) -> None:
+    pytester.makeconftest(DEFAULT_GUARD_CONFTEST)
+    pytester.makepyfile(test_default=DEFAULT_GUARD_TEST)
+    result = run(pytester, monkeypatch, state, "--gate-missing=record")
+    result.assert_outcomes(**outcome)
+    data = json.loads((pytester.path / "out" / "report.json").read_text())
+    tests = {t["nodeid"].split("::")[-1]: t for t in data["tests"]}
+    assert tests["test_gpu_measure"]["gpu_conditions"], "the GPU test's call was not guarded"
+    assert not tests["test_cpu_measure"].get("gpu_conditions"), "a CPU test must not read NVML"
+    if state == "throttled":
+        result.stdout.fnmatch_lines(["*latency_s measured on a*"])
+        assert "HW slowdown" in result.stdout.str()

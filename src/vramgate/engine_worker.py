@@ -146,7 +146,6 @@ class StepTimer:
 
 
 PLANT_DELAY_ENV = "VRAMGATE_PLANT_DELAY"
-PIN_CPUS_ENV = "VRAMGATE_PIN_CPUS"
 PLANT_WEIGHT_BYTES_ENV = "VRAMGATE_PLANT_WEIGHT_BYTES"
 
 
@@ -424,9 +423,6 @@ def main(argv: list[str]) -> int:
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # Note [in-process engine]
     try:
-        pin = os.environ.get(PIN_CPUS_ENV, "").strip()
-        if pin:  # Note [same CPUs] in vramgate.paired; before any thread starts, so all inherit it
-            os.sched_setaffinity(0, {int(c) for c in pin.split(",")})
         if serving:
             serve(spec, Path(data["root"]), out_path)
         else:

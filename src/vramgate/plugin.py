@@ -591,6 +591,24 @@ class GateSession:
             return str(path)
 
     @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, None]:
+        """Guard every GPU test's measurements by default.
+
+        Note [default GPU guard]: a test that carries ``requires_gpus`` and uses
+        the ``gate`` fixture runs inside :meth:`Gate.gpu_guard`: NVML's clocks,
+        clock-event reasons and processes are read before and after its call,
+        and its measured metrics become ``untrusted`` (failing, never recorded)
+        when the GPU throttled or another process used it. A test may guard
+        narrower regions itself as well; every reading goes into the report.
+        """
+        recorder = getattr(item, "funcargs", {}).get("gate")
+        if not isinstance(recorder, Gate) or item.get_closest_marker("requires_gpus") is None:
+            yield
+            return
+        with recorder.gpu_guard():
+            yield
+
+    @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, Any, None]:
