@@ -163,3 +163,18 @@ def test_record_paired_fails_a_candidate_slower_than_its_reference_in_the_same_r
     assert "paired" not in slow.to_json()  # baselines keep the ratios, not both sides
     with pytest.raises(ValueError, match="2 pairs"):
         gate.record_paired("bad", [1.0], [1.0], tolerance=0.05)
+
+
+def test_kernel_campaign_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import json
+
+    from vramgate.kernel_calibrate import main
+
+    assert main([str(tmp_path), "--device", "cpu", "--processes", "2", "--calls", "40", "--trial-samples", "20"]) == 0
+    data = json.loads((tmp_path / "calibration.json").read_text())
+    assert set(data["raw"]) == {"unchanged", "delay-5%", "delay-10%"}
+    assert all(len(p["a_latency"]) == 40 for pairs in data["raw"].values() for p in pairs)
+    (rows,) = data["figures"].values()
+    assert rows and all(r["history_false_alarms"]["trials"] == 2 * 2 for r in rows)  # 2 trials x 1 other pair each
+    assert "| tolerance |" in (tmp_path / "calibration.md").read_text()

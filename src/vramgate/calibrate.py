@@ -42,7 +42,7 @@ from vramgate.stats import compare_samples
 #: Conditions of the measured part: the candidate's planted delay per engine step.
 DELAYS = {"unchanged": 0.0, "delay-5%": 0.05, "delay-10%": 0.10}
 #: Tolerances and levels the analysis sweeps.
-TOLERANCES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.20, 0.30, 0.50)
+TOLERANCES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.20, 0.30, 0.50, 1.0)
 ALPHAS = (0.01, 0.05)
 #: Figures the gate promises for measured metrics on a noisy CPU (and meets them with its defaults).
 TARGET_FALSE_ALARMS = 0.01

@@ -222,7 +222,8 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     planted = planted_fraction(PLANT_WEIGHT_BYTES_ENV)
     if planted:
         engine.collective_rpc(_plant_weight_bytes, args=(planted,))
-    worker = engine.collective_rpc(_worker_figures)[0]
+    ranks = engine.collective_rpc(_worker_figures)  # one entry per tensor-parallel rank
+    worker = ranks[0]
 
     core = getattr(engine.engine_core, "engine_core", None)
     if core is None:
@@ -271,6 +272,8 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         "parameter_bytes": worker["parameter_bytes"],
         "kv_tensor_bytes": worker["kv_tensor_bytes"],
         "vllm_model_memory_usage": worker["model_memory_usage"],
+        "ranks": [{"weights_bytes": r["weights_bytes"], "kv_tensor_bytes": r["kv_tensor_bytes"],
+                   "model_memory_usage": r["model_memory_usage"]} for r in ranks],
     }
     if on_gpu:
         memory["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()

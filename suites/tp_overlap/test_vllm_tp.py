@@ -34,8 +34,8 @@ BLOCK_SIZE = 16
 #: KV budget per rank (vLLM's ``kv_cache_memory_bytes`` is per GPU).
 KV_BUDGET_GIB = 2.0
 TP_SIZE = [pytest.param(n, id=f"tp{n}", marks=pytest.mark.requires_gpus(n)) for n in (2, 4)]
-#: GPU latency drifts 10-14% run to run on an idle device (see the README's kernel findings).
-LATENCY_TOLERANCE = 0.2
+#: GPU latency against a stored baseline: 30% keeps false alarms under 1% (the README's precision figures).
+LATENCY_TOLERANCE = 0.3
 
 
 def spec(tp: int, fused: bool) -> EngineSpec:
@@ -53,8 +53,11 @@ def record(gate: Gate, prefix: str, result: EngineResult) -> dict[str, Any]:
     kv, memory, lat = result.kv, result.memory, result.latency
     gate.record(f"{prefix}.page_bytes", kv["page_bytes"], unit="B")
     gate.record(f"{prefix}.capacity_tokens", kv["capacity_tokens"], unit="tokens", better="higher")
-    gate.record(f"{prefix}.rank0_weights_bytes", memory["weights_bytes"], unit="B")
-    gate.record(f"{prefix}.rank0_kv_tensor_bytes", memory["kv_tensor_bytes"], unit="B")
+    ranks = memory.get("ranks") or [memory]
+    assert len(ranks) == result.spec["tensor_parallel_size"], f"figures of {len(ranks)} rank(s) came back"
+    for rank, figures in enumerate(ranks):
+        gate.record(f"{prefix}.rank{rank}_weights_bytes", figures["weights_bytes"], unit="B")
+        gate.record(f"{prefix}.rank{rank}_kv_tensor_bytes", figures["kv_tensor_bytes"], unit="B")
     gate.record_samples(f"{prefix}.ttft", lat["ttft_s"], unit="s", tolerance=LATENCY_TOLERANCE)
     gate.record_samples(f"{prefix}.tpot", lat["tpot_s"], unit="s", tolerance=LATENCY_TOLERANCE)
     return {"ttft": median(lat["ttft_s"]), "tpot": median(lat["tpot_s"]), "weights": memory["weights_bytes"],
