@@ -21,7 +21,7 @@ from vramgate.calibrate import (
     sweep,
 )
 from vramgate.engine import EngineError, EngineSpec
-from vramgate.paired import EngineServer, Round, paired_tolerance, round_ratios, round_stat
+from vramgate.paired import EngineServer, Round, paired_defaults, round_ratios, round_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def test_round_ratios_and_stats() -> None:
     with pytest.raises(ValueError, match="unknown round statistic"):
         round_stat(r, "p99")
     with pytest.raises(ValueError, match="unknown engine tier"):
-        paired_tolerance("tpu")
+        paired_defaults("tpu")
 
 
 def _descendants() -> set[int]:
@@ -178,3 +178,17 @@ def test_kernel_campaign_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     (rows,) = data["figures"].values()
     assert rows and all(r["history_false_alarms"]["trials"] == 2 * 2 for r in rows)  # 2 trials x 1 other pair each
     assert "| tolerance |" in (tmp_path / "calibration.md").read_text()
+
+
+def test_merge_campaigns_pools_pairs_and_refuses_mismatches() -> None:
+    from vramgate.calibrate import merge_campaigns
+
+    def campaign(pairs: int, spec: str = "s") -> dict[str, object]:
+        raw = {"unchanged": [{"a_tpot": [1.0], "b_tpot": [1.0]}] * pairs}
+        return {"spec": spec, "campaign": {"pairs": pairs, "rounds": 10, "stats": ["tpot"]}, "raw": raw,
+                "seconds": 5.0}
+
+    merged = merge_campaigns([campaign(2), campaign(3)])
+    assert len(merged["raw"]["unchanged"]) == 5 and merged["campaign"]["pairs"] == 5 and merged["seconds"] == 10
+    with pytest.raises(ValueError, match="cannot be pooled"):
+        merge_campaigns([campaign(1), campaign(1, spec="other")])

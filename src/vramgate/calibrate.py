@@ -328,6 +328,22 @@ def figures_json(raw: dict[str, Any], trial_rounds: int, stats: Sequence[str]) -
     return {stat: [f.to_json() for f in sweep(make_trials(raw, stat, trial_rounds))] for stat in stats}
 
 
+def merge_campaigns(campaigns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Pool the engine pairs of several saved campaigns (same spec and statistics) into one."""
+    if not campaigns:
+        raise ValueError("no campaign to merge")
+    first = campaigns[0]
+    for other in campaigns[1:]:
+        if other.get("spec") != first.get("spec") or other["campaign"]["stats"] != first["campaign"]["stats"]:
+            raise ValueError("campaigns with different specs or statistics cannot be pooled")
+    out = dict(first)
+    out["raw"] = {c: [pair for data in campaigns for pair in data["raw"].get(c, [])] for c in first["raw"]}
+    out["seconds"] = sum(float(data["seconds"]) for data in campaigns)
+    out["campaign"] = dict(first["campaign"], pairs=sum(d["campaign"]["pairs"] for d in campaigns),
+                           rounds=min(d["campaign"]["rounds"] for d in campaigns))
+    return out
+
+
 def realized(raw: dict[str, Any], stat: str) -> dict[str, float]:
     """Per condition, the median of candidate / reference over every pair: the shift actually planted."""
     from vramgate.metrics import median

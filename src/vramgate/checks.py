@@ -48,7 +48,8 @@ def check_budget(metric: Metric) -> str | None:
     """
     if metric.paired is not None:
         pair = metric.paired
-        result = compare_samples(pair.reference, pair.candidate, better=metric.better, tolerance=pair.tolerance)
+        result = compare_samples(pair.reference, pair.candidate, better=metric.better, tolerance=pair.tolerance,
+                                 alpha=pair.alpha)
         if result.regressed:
             return (f"the candidate is worse than its reference in this run: median {result.candidate_median:.6g} vs "
                     f"{result.baseline_median:.6g} ({format_change(result.change)}; tolerance {pair.tolerance:.1%}, "

@@ -253,14 +253,13 @@ def _cmd_gpu_cleanup(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from vramgate.calibrate import Campaign, figures_json, render, run_campaign
+    from vramgate.calibrate import Campaign, figures_json, merge_campaigns, render, run_campaign
 
     out = Path(args.out)
     if args.from_json:
-        data = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
-        c = data["campaign"]
-        data["figures"] = figures_json(data["raw"], args.trial_rounds, c["stats"])
+        data = merge_campaigns([json.loads(Path(f).read_text(encoding="utf-8")) for f in args.from_json])
         data["campaign"]["trial_rounds"] = args.trial_rounds
+        data["figures"] = figures_json(data["raw"], args.trial_rounds, data["campaign"]["stats"])
         out.mkdir(parents=True, exist_ok=True)
         (out / "calibration.json").write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
     else:
@@ -334,8 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--rounds", type=int, default=40, help="round pairs per engine pair (default 40)")
     cal.add_argument("--trial-rounds", type=int, default=10, help="rounds per trial, as the gate's test (default 10)")
     cal.add_argument("--exact-reruns", type=int, default=2, help="unchanged reruns for the exact metrics (default 2)")
-    cal.add_argument("--from", dest="from_json", metavar="JSON",
-                     help="recompute the figures from a saved calibration.json instead of running")
+    cal.add_argument("--from", dest="from_json", metavar="JSON", nargs="+",
+                     help="recompute the figures from saved calibration.json files (pooled) instead of running")
     cal.add_argument("--root", help="project root (default: the current folder)")
     cal.set_defaults(func=_cmd_calibrate)
     plan = sub.add_parser("plan", help="analytic weight bytes of the model configs per quantization scheme")

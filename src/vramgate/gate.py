@@ -107,6 +107,7 @@ class Gate:
         *,
         better: Better = "lower",
         tolerance: float,
+        alpha: float = 0.01,
         history_tolerance: float | None = None,
         ceiling: float | None = None,
     ) -> Metric:
@@ -114,9 +115,10 @@ class Gate:
 
         The metric's samples are the per-pair ratios candidate / reference and
         its value their median. It fails when the candidate is worse than the
-        reference by more than *tolerance* with a clear U test (see
-        :mod:`vramgate.stats`), and, against the stored baseline, when the
-        ratios move by more than *history_tolerance* (default: *tolerance*).
+        reference by more than *tolerance* with a one-sided U test clear at
+        *alpha* (see :mod:`vramgate.stats`), and, against the stored baseline,
+        when the ratios move by more than *history_tolerance* (default:
+        *tolerance*).
         """
         ref, cand = [float(v) for v in reference], [float(v) for v in candidate]
         if len(ref) != len(cand) or len(ref) < 2:
@@ -127,7 +129,7 @@ class Gate:
         return self._add(Metric(
             name, median(ratios), "ratio", "measured", better, ceiling=ceiling,
             tolerance=tolerance if history_tolerance is None else history_tolerance, samples=ratios,
-            paired=Paired(tuple(ref), tuple(cand), tolerance),
+            paired=Paired(tuple(ref), tuple(cand), tolerance, alpha),
         ))
 
     def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> Claim:

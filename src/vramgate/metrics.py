@@ -156,6 +156,7 @@ class Paired:
     reference: tuple[float, ...]
     candidate: tuple[float, ...]
     tolerance: float
+    alpha: float = 0.01
 
 
 @dataclass

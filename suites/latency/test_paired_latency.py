@@ -17,7 +17,7 @@ import pytest
 
 from vramgate.engine import cpu_backend_problem, engine_tier
 from vramgate.gate import Gate
-from vramgate.paired import PAIRED_ROUNDS, PAIRED_STAT, PairedEngines, paired_tolerance
+from vramgate.paired import PairedEngines, paired_defaults
 from vramgate.patches import find_profile, profiles_for_suite, unmet_requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ PROFILE = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "bl
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_profile_latency_ratio(gate: Gate, vllm_env: Path, model_shape, tmp_path: Path, profile: str) -> None:
-    """Per-round median TPOT of the profile over the unpatched engine's, on the calibration workload."""
+    """Per-round median engine step of the profile over the unpatched engine's, on the calibration workload."""
     from vramgate.calibrate import latency_spec
 
     prof = find_profile(ROOT, profile)
@@ -39,10 +39,10 @@ def test_profile_latency_ratio(gate: Gate, vllm_env: Path, model_shape, tmp_path
         problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), model_shape(reference.model).use_mla)
     if problem:
         pytest.skip(f"profile {profile} on this tier: {problem}")
+    settings = paired_defaults(tier)
     with PairedEngines(reference, candidate, ROOT, tmp_path, cache_root=vllm_env / "cache") as engines:
-        result = engines.run(PAIRED_ROUNDS, seed=0)
-    reference_rounds, candidate_rounds = result.stats(PAIRED_STAT)
-    assert len(reference_rounds) == len(candidate_rounds) == PAIRED_ROUNDS
-    tolerance, history = paired_tolerance(tier)
-    gate.record_paired(f"{PAIRED_STAT}_ratio", reference_rounds, candidate_rounds, tolerance=tolerance,
-                       history_tolerance=history)
+        result = engines.run(settings.rounds, seed=0)
+    reference_rounds, candidate_rounds = result.stats(settings.stat)
+    assert len(reference_rounds) == len(candidate_rounds) == settings.rounds
+    gate.record_paired(f"{settings.stat}_ratio", reference_rounds, candidate_rounds, tolerance=settings.tolerance,
+                       alpha=settings.alpha, history_tolerance=settings.history_tolerance)
