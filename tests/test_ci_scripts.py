@@ -76,3 +76,12 @@ def test_workflows_never_check_out_pr_code_with_write_tokens() -> None:
     assert "workflow_run" in on
     for job in report["jobs"].values():
         assert not any(str(s.get("uses", "")).startswith("actions/checkout") for s in job.get("steps", []))
+
+
+def test_suite_test_files_have_unique_basenames() -> None:
+    """Suites have no ``__init__.py``: two test files with one basename cannot be collected in one run."""
+    root = Path(__file__).resolve().parents[1] / "suites"
+    names: dict[str, list[str]] = {}
+    for path in root.rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(root)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}

@@ -248,7 +248,9 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     timer.restore()
     sched.schedule = original_schedule
 
-    ttft, tpot, e2e, queue, lens = [], [], [], [], []
+    per_request = _request_latency(outputs)
+    ttft, tpot, e2e = per_request["ttft_s"], per_request["tpot_s"], per_request["e2e_s"]
+    queue, lens = [], []
     out_tokens = preempted = cached = 0
     for ro in outputs:
         n = len(ro.outputs[0].token_ids)
@@ -256,15 +258,9 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         out_tokens += n
         cached += ro.num_cached_tokens or 0
         m = ro.metrics
-        if m is None:
-            continue
-        decode = m.last_token_ts - m.first_token_ts
-        ttft.append(m.first_token_latency)
-        e2e.append(m.first_token_latency + decode)
-        queue.append(m.scheduled_ts - m.queued_ts)
-        if n > 1:
-            tpot.append(decode / (n - 1))
-        preempted += m.num_preemptions or 0
+        if m is not None:
+            queue.append(m.scheduled_ts - m.queued_ts)
+            preempted += m.num_preemptions or 0
     stats = sched.kv_cache_manager.prefix_cache_stats
     memory: dict[str, Any] = {
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
