@@ -170,3 +170,18 @@ def test_claims() -> None:
     assert claim.holds(40, 100) == (True, 0.4)
     assert claim.holds(60, 100) == (False, 0.6)
     assert patches.Claim("x", "difference", ">=", 10).holds(25, 10) == (True, 15)
+
+
+def test_gate_records_a_profiles_claim_verdicts_and_refuses_unmeasured_metrics() -> None:
+    from vramgate.gate import Gate
+    from vramgate.patches import load_profile
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "patches" / "kv-fp8")
+    gate = Gate("t::x", "block_manager")
+    held = gate.profile_claims(profile, "engine-pressure", {"capacity_tokens": 2000.0}, {"capacity_tokens": 1000.0})
+    short = gate.profile_claims(profile, "engine-pressure", {"capacity_tokens": 1500.0}, {"capacity_tokens": 1000.0})
+    assert [c.held for c in held + short] == [True, False]
+    assert "2000 patched vs 1000 unpatched" in held[0].evidence and "bound >= 1.9" in held[0].evidence
+    assert gate.profile_claims(profile, "another-workload", {}, {}) == []
+    with pytest.raises(ValueError, match="unknown metric 'capacity_tokens'"):
+        gate.profile_claims(profile, "engine-pressure", {"preemptions": 1.0}, {"preemptions": 1.0})

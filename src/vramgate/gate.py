@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramgate.metrics import Better, Kind, Metric, Paired, median
+
+if TYPE_CHECKING:
+    from vramgate.patches import Profile
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,38 @@ class Gate:
         verdict = Claim(statement, bool(held), evidence, source)
         self.claims.append(verdict)
         return verdict
+
+    def profile_claims(
+        self,
+        profile: Profile,
+        workload: str,
+        patched: dict[str, float],
+        reference: dict[str, float],
+        *,
+        labels: tuple[str, str] = ("patched", "unpatched"),
+        context: str = "",
+    ) -> list[Claim]:
+        """Record the verdict of each of *profile*'s claims on *workload*: *patched* figures against *reference*.
+
+        A claim on a metric the test did not measure is an error in the
+        profile's manifest: it raises :class:`ValueError` naming the metric
+        and the ones measured.
+        """
+        out = []
+        for claim in profile.claims:
+            if claim.workload != workload:
+                continue
+            if claim.metric not in patched or claim.metric not in reference:
+                raise ValueError(f"profile {profile.name}: claim on unknown metric {claim.metric!r}; "
+                                 f"measured here: {', '.join(sorted(patched))}")
+            held, value = claim.holds(patched[claim.metric], reference[claim.metric])
+            out.append(self.claim(
+                f"{profile.name}: {claim.describe()}", held=held, source=f"patches/{profile.name}/manifest.toml",
+                evidence=(f"{claim.metric}: {patched[claim.metric]:g} {labels[0]} vs {reference[claim.metric]:g} "
+                          f"{labels[1]} ({claim.compare} {value:.4g}; bound {claim.op} {claim.bound:g}) on "
+                          f"{context + ', ' if context else ''}{workload}"),
+            ))
+        return out
 
     @contextmanager
     def gpu_guard(self, index: int = 0) -> Iterator[None]:

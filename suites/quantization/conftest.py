@@ -131,19 +131,11 @@ def quant_runs(engine: Any, small_run_spec: Callable[[str, int], EngineSpec], ch
 def check_claims(gate: Gate, name: str, workload: str, patched: dict[str, float],
                  reference: dict[str, float]) -> None:
     """The verdict of each claim of profile *name* on *workload*: its run's figures against the bf16 reference's."""
-    profile = quant_profile(name)
-    for claim in profile.claims:
-        if claim.workload != workload:
-            continue
-        if claim.metric not in patched:
-            pytest.fail(f"profile {name}: claim on unknown metric {claim.metric!r}; "
-                        f"known here: {', '.join(sorted(patched))}", pytrace=False)
-        held, value = claim.holds(patched[claim.metric], reference[claim.metric])
-        gate.claim(
-            f"{name}: {claim.describe()}", held=held, source=f"patches/{name}/manifest.toml",
-            evidence=(f"{claim.metric}: {patched[claim.metric]:g} quantized vs {reference[claim.metric]:g} bf16 "
-                      f"({claim.compare} {value:.4f}; bound {claim.op} {claim.bound:g}) on {MODEL}, {workload}"),
-        )
+    try:
+        gate.profile_claims(quant_profile(name), workload, patched, reference, labels=("quantized", "bf16"),
+                            context=MODEL)
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
