@@ -114,11 +114,14 @@ def test_missing_result_is_an_error(fake_worker: Path, tmp_path: Path) -> None:
         _run(fake_worker, tmp_path, "pass")
 
 
-def test_caches_and_temp_files_stay_in_the_run_folder(fake_worker: Path, tmp_path: Path) -> None:
+def test_caches_and_temp_files_stay_in_the_run_folder(
+    fake_worker: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")  # as an in-process simulator run leaves it
     code = (
         "import json, os, sys\n"
         "keys = ['VLLM_CACHE_ROOT', 'VLLM_CONFIG_ROOT', 'HF_HOME', 'TMPDIR', 'HF_HUB_OFFLINE', 'OMP_NUM_THREADS',"
-        " 'VLLM_ENABLE_V1_MULTIPROCESSING']\n"
+        " 'VLLM_ENABLE_V1_MULTIPROCESSING', 'VLLM_LOGGING_LEVEL']\n"
         "env = {k: os.environ.get(k) for k in keys}\n"
         "json.dump({'spec': {}, 'versions': {}, 'device': 'cpu', 'kv': {}, 'memory': {}, 'scheduler': {},"
         " 'latency': {}, 'timing': {}, 'notes': [env]}, open(sys.argv[2], 'w'))\n"
@@ -131,4 +134,5 @@ def test_caches_and_temp_files_stay_in_the_run_folder(fake_worker: Path, tmp_pat
     for key in ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "HF_HOME", "TMPDIR"):
         assert env[key].startswith(run), (key, env[key])
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["VLLM_LOGGING_LEVEL"] == "INFO", "the engine's log is evidence: it must keep vLLM's INFO lines"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env

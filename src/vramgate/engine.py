@@ -304,6 +304,9 @@ def engine_env(
         "TRITON_CACHE_DIR": str(run_dir / "triton"),
         "PYTHONUNBUFFERED": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # The engine's INFO lines are evidence (the kernels vLLM chose, its memory figures, the log tail): an
+        # in-process simulator run quiets vLLM in the gate's own process, which must not carry over.
+        "VLLM_LOGGING_LEVEL": "INFO",
     })
     # Note [KV budget] in engine_worker: the budget goes in as kv_cache_memory_bytes.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
