@@ -260,10 +260,11 @@ class Campaign:
     model: str = "tiny-llama"
     pairs: int = 3
     """Engine pairs per condition (fresh processes each: run-to-run variation)."""
-    rounds: int = 40
+    rounds: int = 90
     """Round pairs per engine pair (cut into trials of ``trial_rounds``)."""
-    trial_rounds: int = 10
-    exact_reruns: int = 2
+    trial_rounds: int = 30
+    """Rounds per trial: as many as the gate's paired latency test takes (``PairedDefaults.rounds``)."""
+    exact_reruns: int = 1
     stats: tuple[str, ...] = ("tpot", "e2e", "step")
 
 

@@ -330,9 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", required=True, help="folder for calibration.json, calibration.md and the runs' files")
     cal.add_argument("--model", default="tiny-llama", help="a model under fixtures/models (default tiny-llama)")
     cal.add_argument("--pairs", type=int, default=3, help="engine pairs per condition (default 3)")
-    cal.add_argument("--rounds", type=int, default=40, help="round pairs per engine pair (default 40)")
-    cal.add_argument("--trial-rounds", type=int, default=10, help="rounds per trial, as the gate's test (default 10)")
-    cal.add_argument("--exact-reruns", type=int, default=2, help="unchanged reruns for the exact metrics (default 2)")
+    cal.add_argument("--rounds", type=int, default=90, help="round pairs per engine pair (default 90)")
+    cal.add_argument("--trial-rounds", type=int, default=30, help="rounds per trial, as the gate's test (default 30)")
+    cal.add_argument("--exact-reruns", type=int, default=1, help="unchanged reruns for the exact metrics (default 1)")
     cal.add_argument("--from", dest="from_json", metavar="JSON", nargs="+",
                      help="recompute the figures from saved calibration.json files (pooled) instead of running")
     cal.add_argument("--root", help="project root (default: the current folder)")
