@@ -1,1 +1,20 @@
+from pathlib import Path
+
+import pytest
+
+from patch_support import ORIGINAL
+from vramgate import patches
+
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for the installed target package (version 0.32.0) that profiles' diffs apply to."""
+    site = tmp_path / "site"
+    (site / "fakepkg" / "sub").mkdir(parents=True)
+    (site / "fakepkg" / "__init__.py").write_text("")
+    (site / "fakepkg" / "sched.py").write_text(ORIGINAL)
+    (site / "fakepkg" / "sub" / "__init__.py").write_text("VALUE = 7\n")
+    monkeypatch.setattr(patches, "installed_target", lambda profile: ("vllm", "0.32.0", site / "fakepkg"))
+    return site / "fakepkg"

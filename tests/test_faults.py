@@ -11,7 +11,6 @@ installed package are unchanged.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import multiprocessing
 import os
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from patch_support import tree_digest
 from vramgate import baselines, engine, patches, report
 from vramgate.baselines import DirectoryStorage, NodeBaseline, Provenance
 from vramgate.engine import EngineError, EngineSpec, run_engine
@@ -58,18 +58,6 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def tree_digest(path: Path) -> str:
-    """Hash of every path and file content under *path* (links by their target)."""
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        h.update(str(p.relative_to(path)).encode())
-        if p.is_symlink():
-            h.update(os.readlink(p).encode())
-        elif p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -345,7 +333,6 @@ def test_disk_full_while_drawing_the_plot(pytester: pytest.Pytester, monkeypatch
 
 # -- manifests and diffs ---------------------------------------------------------------------------------
 
-ORIGINAL = "def policy():\n    return 'last'\n\n\ndef other():\n    return 1\n"
 DIFF_1 = """--- a/fakepkg/sched.py
 +++ b/fakepkg/sched.py
 @@ -1,2 +1,2 @@
@@ -376,18 +363,6 @@ version = "==0.32.0"
 [patches]
 series = {series}
 """
-
-
-@pytest.fixture
-def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for the installed target package (version 0.32.0)."""
-    site = tmp_path / "site"
-    (site / "fakepkg" / "sub").mkdir(parents=True)
-    (site / "fakepkg" / "__init__.py").write_text("")
-    (site / "fakepkg" / "sched.py").write_text(ORIGINAL)
-    (site / "fakepkg" / "sub" / "__init__.py").write_text("VALUE = 7\n")
-    monkeypatch.setattr(patches, "installed_target", lambda profile: ("vllm", "0.32.0", site / "fakepkg"))
-    return site / "fakepkg"
 
 
 def make_profile(root: Path, name: str, diffs: dict[str, str]) -> Path:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from patch_support import tree_digest
 from vramgate import patches
 from vramgate.cli import main as cli_main
 from vramgate.patches import PatchError, ProfileError, build_overlay, load_profile, parse_diff
 
-ORIGINAL = "def policy():\n    return 'last'\n\n\ndef other():\n    return 1\n"
 GOOD_DIFF = """--- a/fakepkg/sched.py
 +++ b/fakepkg/sched.py
 @@ -1,2 +1,2 @@
@@ -39,27 +38,6 @@ compare = "ratio"
 op = "<="
 bound = 0.5
 """
-
-
-@pytest.fixture
-def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for the installed target package, version 0.32.0."""
-    site = tmp_path / "site"
-    (site / "fakepkg" / "sub").mkdir(parents=True)
-    (site / "fakepkg" / "__init__.py").write_text("")
-    (site / "fakepkg" / "sched.py").write_text(ORIGINAL)
-    (site / "fakepkg" / "sub" / "__init__.py").write_text("VALUE = 7\n")
-    monkeypatch.setattr(patches, "installed_target", lambda profile: ("vllm", "0.32.0", site / "fakepkg"))
-    return site / "fakepkg"
-
-
-def tree_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        h.update(str(p.relative_to(path)).encode())
-        if p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def make_profile(root: Path, name: str, diffs: dict[str, str], version: str = "==0.32.0") -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import tp
+from vramgate.gpuclean import alive
 from vramgate.tp import (
     Launcher,
     MLPShape,
@@ -29,14 +30,6 @@ from vramgate.tp import (
 )
 
 SHAPE = MLPShape(tokens=64, hidden=32, intermediate=96)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _fake(code: str) -> list[str]:
@@ -222,7 +215,7 @@ def test_a_failing_rank_stops_the_others_and_names_itself(tmp_path: Path) -> Non
     assert "tensor-parallel rank 1 of 2 exited with status 1 after" in text
     assert "loading shard 1" in text and "collective failed (simulated)" in text
     assert "rank 0 was killed by SIGTERM; its last line: waiting in a barrier" in text
-    assert not any(_alive(pid) for pid in ranks.pids)
+    assert not any(alive(pid) for pid in ranks.pids)
 
 
 def test_a_killed_rank_is_blamed_before_the_peers_it_broke(tmp_path: Path) -> None:
@@ -265,7 +258,7 @@ def test_timeout_stops_every_rank_and_its_children(tmp_path: Path) -> None:
     children = [int(p.name[5:]) for p in tmp_path.glob("child*")]
     assert len(children) == 2
     time.sleep(0.2)
-    assert not any(_alive(pid) for pid in ranks.pids + children)
+    assert not any(alive(pid) for pid in ranks.pids + children)
 
 
 def test_run_tp_retries_a_taken_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -109,7 +109,6 @@ class EngineServer:
             cmd, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
             env=engine_env(resolved, run_dir, paths, cache_root), cwd=run_dir, start_new_session=True,
         )
-        self.started = time.monotonic()
 
     def _fail(self, why: str) -> EngineError:
         self.close()

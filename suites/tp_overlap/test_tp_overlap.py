@@ -43,6 +43,7 @@ from pathlib import Path
 import pytest
 
 from vramgate.gate import Gate
+from vramgate.gpuclean import alive
 from vramgate.metrics import median
 from vramgate.tp import (
     DTYPE_BYTES,
@@ -191,14 +192,6 @@ def test_overlap_memory_and_time(gate: Gate, tp_runner, project_root: Path, devi
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_killed_rank_fails_the_run_with_its_output(tmp_path: Path) -> None:
     """Kill rank 1 mid-run (process group up, collectives done, rank 0 waiting in a barrier): the run fails
     naming rank 1 with its output, and no rank is left running."""
@@ -224,4 +217,4 @@ def test_killed_rank_fails_the_run_with_its_output(tmp_path: Path) -> None:
     assert "rank 1 of 2 was killed by SIGKILL" in text
     assert "[rank 1] holding for 120 s before the measured rounds" in error.log_tail
     assert "[rank 1] holding for 120 s" in text and "rank 0 " in text
-    assert not any(_alive(pid) for pid in ranks.pids), [(pid, _alive(pid)) for pid in ranks.pids]
+    assert not any(alive(pid) for pid in ranks.pids), [(pid, alive(pid)) for pid in ranks.pids]
