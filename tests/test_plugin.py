@@ -19,7 +19,7 @@ def test_kv(gate):
 
 
 def baseline_file(pytester: pytest.Pytester, suite: str = "kv") -> Path:
-    return pytester.path / "baselines" / "test-hw" / f"{suite}.json"
+    return pytester.path / "baselines" / "cpu" / f"{suite}.json"  # exact metrics are portable: the tier's key
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_update_writes_a_readable_sorted_baseline(recorded: pytest.Pytester) -> 
     assert data["schema"] == 1 and data["suite"] == "kv"
     entry = data["tests"]["test_kv.py::test_kv"]
     assert entry["metrics"]["page_bytes"] == {
-        "value": 65536, "unit": "B", "kind": "exact", "better": "lower", "tolerance": 0.0,
+        "value": 65536, "unit": "B", "kind": "exact", "better": "lower", "tolerance": 0.0, "scope": "portable",
     }
     assert entry["metrics"]["capacity"]["better"] == "higher"
     assert entry["recorded"]["software"]["python"]
@@ -60,9 +60,9 @@ def test_planted_regression_fails_with_numbers_and_command(
     out = result.stdout.str()
     assert "page_bytes: now 69,632 B (68.00 KiB), baseline 65,536 B (64.00 KiB): +6.25%, regressed" in out
     assert "exact, lower is better, tolerance 0.00%" in out
-    assert "Baseline: baselines/test-hw/kv.json, recorded 20" in out
+    assert "Baseline: baselines/cpu/kv.json, recorded 20" in out
     assert "python -m pytest test_kv.py::test_kv --gate-update --gate-hardware test-hw" in out
-    assert "git add baselines/test-hw/kv.json" in out
+    assert "git add baselines/cpu/kv.json" in out
     # the capacity metric did not move and is not blamed
     assert "capacity: now" not in out
 
@@ -89,7 +89,7 @@ def test_accepting_a_change_then_passes(recorded: pytest.Pytester, monkeypatch: 
     recorded.runpytest(*HW).assert_outcomes(failed=1)
     result = recorded.runpytest(*HW, "--gate-update")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*updated*", "*baseline written: baselines/test-hw/kv.json*"])
+    result.stdout.fnmatch_lines(["*updated*", "*baseline written: baselines/cpu/kv.json*"])
     recorded.runpytest(*HW).assert_outcomes(passed=1)
     data = json.loads(baseline_file(recorded).read_text())
     assert data["tests"]["test_kv.py::test_kv"]["metrics"]["page_bytes"]["value"] == 69632
@@ -99,7 +99,7 @@ def test_missing_baseline_fails_by_default(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_kv=TEST_FILE)
     result = pytester.runpytest(*HW)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*page_bytes: now 65,536 B (64.00 KiB); no baseline in baselines/test-hw/kv.json*"])
+    result.stdout.fnmatch_lines(["*page_bytes: now 65,536 B (64.00 KiB); no baseline in baselines/cpu/kv.json*"])
     assert not baseline_file(pytester).exists()
 
 
@@ -119,9 +119,9 @@ def test_ini_twins(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_kv=TEST_FILE)
     pytester.makeini("[pytest]\ngate_missing = record\ngate_hardware = ini-hw\ngate_baselines = stored\n")
     pytester.runpytest().assert_outcomes(passed=1)
-    assert (pytester.path / "stored" / "ini-hw" / "kv.json").is_file()
+    assert (pytester.path / "stored" / "cpu" / "kv.json").is_file()
     # the command line wins over the ini file
-    pytester.runpytest("--gate-missing=fail", "--gate-hardware=other").assert_outcomes(failed=1)
+    pytester.runpytest("--gate-missing=fail", "--gate-baselines=elsewhere").assert_outcomes(failed=1)
 
 
 def test_bad_missing_policy_in_ini_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -135,7 +135,7 @@ def test_bad_missing_policy_in_ini_is_a_usage_error(pytester: pytest.Pytester) -
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ("{not json", "baselines/test-hw/kv.json: not valid JSON (line 1, column 2"),
+        ("{not json", "baselines/cpu/kv.json: not valid JSON (line 1, column 2"),
         ('{"schema": 99, "suite": "kv", "tests": {}}', "kv.json: schema: version 99 is not supported"),
         ('{"schema": 1, "suite": "kv", "tests": {"t": {"metrics": {"m": {"value": "x", "unit": "B", '
          '"kind": "exact", "better": "lower"}}, "recorded": {"date": "d"}}}}',
@@ -207,8 +207,8 @@ def test_suite_from_folder_and_marker(pytester: pytest.Pytester) -> None:
         """
     )
     pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=2)
-    assert (pytester.path / "baselines" / "test-hw" / "kv_cache.json").is_file()
-    assert (pytester.path / "baselines" / "test-hw" / "special.json").is_file()
+    assert (pytester.path / "baselines" / "cpu" / "kv_cache.json").is_file()
+    assert (pytester.path / "baselines" / "cpu" / "special.json").is_file()
 
 
 def test_unknown_marker_argument_is_an_error(pytester: pytest.Pytester) -> None:

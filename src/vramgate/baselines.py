@@ -10,11 +10,15 @@ stable layout so that a reviewed update is a small diff. Layout (schema 1)::
       "tests": {
         "<node id>": {
           "metrics": {"<name>": {"value": ..., "unit": ..., "kind": ..., "better": ...,
-                                 "tolerance": ..., ["ceiling", "floor", "samples"]}},
+                                 "tolerance": ..., "scope": ..., ["ceiling", "floor", "samples"]}},
           "recorded": {"commit": ..., "date": ..., "software": {...}}
         }
       }
     }
+
+``<hardware key>`` is a machine's key for machine-bound metrics, or a tier's
+key (``cpu``, ``cuda``) for portable ones (Note [metric scope] in
+:mod:`vramgate.metrics`); a test's metrics may be split over both files.
 
 Each test carries its own provenance, because ``--gate-update`` may refresh
 one test of a suite and leave the others as they were reviewed.
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vramgate.metrics import BETTER, KINDS, UNITS, Metric
+from vramgate.metrics import BETTER, KINDS, SCOPES, UNITS, Metric
 
 SCHEMA_VERSION = 1
 
@@ -124,6 +128,8 @@ def _parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
     _require(raw["unit"] in UNITS, path, f"{where}.unit", f"unknown unit {raw['unit']!r}")
     _require(raw["kind"] in KINDS, path, f"{where}.kind", f"must be one of {KINDS}, got {raw['kind']!r}")
     _require(raw["better"] in BETTER, path, f"{where}.better", f"must be one of {BETTER}, got {raw['better']!r}")
+    scope = raw.get("scope")
+    _require(scope is None or scope in SCOPES, path, f"{where}.scope", f"must be one of {SCOPES}, got {scope!r}")
     for key in ("tolerance", "ceiling", "floor"):
         if raw.get(key) is not None:
             _require(_is_number(raw[key]), path, f"{where}.{key}", f"must be a finite number, got {raw[key]!r}")
@@ -145,6 +151,7 @@ def _parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
             ceiling=raw.get("ceiling"),
             floor=raw.get("floor"),
             samples=[float(s) for s in samples],
+            scope=scope,
         )
     except (TypeError, ValueError) as exc:
         raise BaselineError(path, f"{where}: {exc}") from None
@@ -328,6 +335,8 @@ class DirectoryStorage:
             current = self._read(path) or BaselineFile(path=path, suite=suite, hardware=hardware)
             current.hardware = hardware
             current.tests.update(tests)
+            for nodeid in [n for n, t in current.tests.items() if not t.metrics]:
+                del current.tests[nodeid]  # a test with no metric of this file's scope any more
             atomic_write_text(path, dump_baseline(current))
         self._cache[path] = current
         return path

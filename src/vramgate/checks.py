@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vramgate.baselines import Provenance
-from vramgate.metrics import Metric, format_change, relative_change
+from vramgate.metrics import Metric, format_change, relative_change, worse_change
 from vramgate.stats import DEFAULT_ALPHA, compare_samples
 
 Verdict = Literal[
-    "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted"
+    "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted",
+    "no baselines",
 ]
 
 #: Verdicts that fail a test (budget failures fail it too, whatever the verdict).
@@ -63,15 +64,12 @@ def check_budget(metric: Metric) -> str | None:
     return None
 
 
-def _worse(change: float, metric: Metric) -> float:
-    """The change expressed so that positive means worse."""
-    return change if metric.better == "lower" else -change
-
-
 def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_ALPHA) -> tuple[Verdict, float, str]:
     """Compare *metric* with its stored *baseline*: (verdict, relative change, how decided).
 
-    Exact metrics compare one-sided against the tolerance (default 0). Measured
+    Exact metrics compare one-sided against the tolerance (default 0), in ratio
+    terms the same in both directions (:func:`~vramgate.metrics.worse_change`:
+    for ``better="higher"`` half the value is +100% worse). Measured
     metrics follow Note [measured comparison] in :mod:`vramgate.stats`.
     """
     if baseline.unit != metric.unit or baseline.kind != metric.kind or baseline.better != metric.better:
@@ -84,7 +82,7 @@ def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_A
     tol = metric.effective_tolerance
     if metric.kind == "exact":
         change = relative_change(metric.value, baseline.value)
-        worse = _worse(change, metric)
+        worse = worse_change(metric.value, baseline.value, metric.better)
         how = f"exact, {metric.better} is better, tolerance {tol:.2%}"
         if metric.value == baseline.value:
             return "ok", 0.0, how

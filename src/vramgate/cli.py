@@ -25,9 +25,15 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"fingerprint": fp.to_json(), "software": software_versions()}, indent=2, sort_keys=True))
         return 0
-    print(f"key:      {fp.key}")
+    print(f"key:      {fp.key}   (machine-bound metrics)")
+    print(f"tier:     {fp.tier}   (portable metrics)")
     print(f"device:   {fp.device}")
     print(f"cpu:      {fp.cpu_model} ({fp.arch}, {fp.cpu_count} logical cores)")
+    if fp.isa:
+        extra = fp.extra
+        cap = f", capped by VRAMGATE_CPU_ISA={extra['isa_cap']}" if "isa_cap" in extra else ""
+        print(f"isa:      {fp.isa} (detected {extra.get('isa_detected', '?')}{cap}; vLLM CPU kernels "
+              f"{extra.get('vllm_kernel_library', '?')}); flags: {' '.join(fp.flags) or 'none'}")
     print(f"memory:   {fp.memory_bytes / 2**30:.1f} GiB")
     for i, gpu in enumerate(fp.gpus):
         cap = f", capability {gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability else ""

@@ -173,6 +173,35 @@ def cpu_backend_problem(spec: EngineSpec, use_mla: bool) -> str | None:
     return None
 
 
+class UnsupportedHere(SpecError):
+    """A spec that this machine's vLLM kernels cannot run (an ISA without the kernel): a reason to skip, decided
+    before an engine starts by the rules vLLM itself applies (:func:`vramgate.probes.isa.kernel_problem`)."""
+
+
+#: ``quantization`` engine arguments whose CPU linear layers run vLLM's WNA16 kernel (``CPUWNA16LinearKernel``).
+WNA16_METHODS = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"})
+
+
+def kernel_problem(spec: EngineSpec, tier: str | None = None) -> str | None:
+    """Why this machine's vLLM CPU kernels cannot run *spec* (with its profile's engine arguments resolved), or
+    None; always None on the GPU tier. Reads the ISA class in force (``VRAMGATE_CPU_ISA`` caps it)."""
+    if (tier or engine_tier()) != "cpu":
+        return None
+    from vramgate.probes import isa
+
+    cls = isa.effective_isa()
+    kv_dtype = str(spec.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
+    quant = spec.engine_args.get("quantization")
+    features = [("fp8_kv", kv_dtype.startswith("fp8"), f"kv_cache_dtype {kv_dtype!r}"),
+                ("wna16", quant in WNA16_METHODS, f"quantization {quant!r}"),
+                ("fp8_linear", quant == "fp8", f"quantization {quant!r}")]
+    for feature, used, what in features:
+        problem = isa.kernel_problem(feature, cls) if used else None
+        if problem:
+            return f"{what}: {problem}"
+    return None
+
+
 def kv_need(spec: EngineSpec, root: Path) -> tuple[int, int]:
     """(KV bytes per token, KV bytes one request of ``max_model_len`` needs next to vLLM's null block)."""
     shape = load_model(root, spec.model)
@@ -220,6 +249,9 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         problem = cpu_backend_problem(spec, shape.use_mla)
         if problem:
             raise SpecError(problem)
+        problem = kernel_problem(spec, "cpu")
+        if problem:
+            raise UnsupportedHere(problem)
     # A request of max_model_len must fit in the KV budget, next to vLLM's null block.
     per_token, need = kv_need(spec, root)
     budget = int(spec.kv_budget_gib * 2**30)

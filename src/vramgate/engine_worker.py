@@ -32,6 +32,7 @@ from typing import Any
 from vramgate.engine import EngineSpec
 from vramgate.metrics import median
 from vramgate.models import load_model
+from vramgate.probes import isa
 from vramgate.workloads import build
 
 
@@ -421,6 +422,7 @@ def main(argv: list[str]) -> int:
     spec = EngineSpec.from_json(data["spec"], str(spec_path))
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # Note [in-process engine]
+    isa.apply_cap()  # Note [ISA cap]: before vLLM picks its kernel library
     try:
         if serving:
             serve(spec, Path(data["root"]), out_path)

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vramgate.metrics import Better, Kind, Metric, Paired, median
+from vramgate.metrics import Better, Kind, Metric, Paired, Scope, median
 
 if TYPE_CHECKING:
     from vramgate.patches import Profile
@@ -58,6 +58,7 @@ class Gate:
         ceiling: float | None = None,
         floor: float | None = None,
         tolerance: float | None = None,
+        scope: Scope | None = None,
     ) -> Metric:
         """Record one metric of the running test.
 
@@ -66,14 +67,19 @@ class Gate:
         accounting; compared with tolerance 0 unless given) or ``measured``
         (use :meth:`record_samples` for those); ``better`` says which way is an
         improvement; ``ceiling``/``floor`` are absolute budgets in ``unit``;
-        ``tolerance`` is relative (0.02 = 2%).
+        ``tolerance`` is relative (0.02 = 2%), the same in both directions in
+        ratio terms (for ``better="higher"``, half the value is 100% worse);
+        ``scope`` is ``portable`` (compared on every machine of the tier; the
+        default for ``exact``) or ``machine`` (compared only on this hardware
+        key: anything an ISA, kernel or device changes). See Note [metric
+        scope] in :mod:`vramgate.metrics`.
         """
         if kind == "measured":
             raise ValueError(
                 f"metric {name!r}: a measured metric needs samples; use gate.record_samples(name, samples, ...)"
             )
         return self._add(
-            Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance)
+            Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance, scope=scope)
         )
 
     def record_samples(
@@ -86,11 +92,13 @@ class Gate:
         ceiling: float | None = None,
         floor: float | None = None,
         tolerance: float | None = None,
+        scope: Scope | None = None,
     ) -> Metric:
         """Record a measured metric from repeated samples (its value is their median).
 
         Budgets apply to the median. Against the baseline the samples are
         compared by the rule in :mod:`vramgate.stats` (default tolerance 5%).
+        Measured metrics are machine-bound unless ``scope="portable"``.
         """
         values = [float(s) for s in samples]
         if len(values) < 2:
@@ -98,7 +106,7 @@ class Gate:
         return self._add(
             Metric(
                 name, median(values), unit, "measured", better,
-                ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values,
+                ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values, scope=scope,
             )
         )
 

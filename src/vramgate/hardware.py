@@ -7,7 +7,14 @@ at the CPU (``/proc/cpuinfo``). Keys are short, lower-case and stable:
 - GPU: ``<name>-<memory GiB>gb-x<count>``, e.g. ``nvidia-h200-141gb-x1``
   (driver and CUDA versions are recorded in the fingerprint, not the key: a
   driver update should be reported, not orphan every baseline).
-- CPU: ``cpu-<arch>-<model name>``, e.g. ``cpu-x86_64-amd-epyc``.
+- CPU: ``cpu-<arch>-<ISA class>-<model name>``, e.g. ``cpu-x86_64-avx512-bf16-amd-epyc``. The ISA
+  class (:mod:`vramgate.probes.isa`) decides which kernels vLLM, torch and
+  oneDNN run, so two CPUs of one model name but another class get two keys.
+  Other architectures have no class in the key.
+
+Each fingerprint also names its *tier* (``cpu`` or ``cuda``): the key under
+which portable metrics, figures that no machine of the tier changes, are
+stored and compared on every machine of that tier (:mod:`vramgate.metrics`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import platform
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+#: Keys of the tiers, where portable metrics live; never a hardware key.
+TIER_KEYS = ("cuda", "cpu")
 
 
 def normalize(text: str) -> str:
@@ -51,6 +61,15 @@ class Fingerprint:
     cuda: str | None = None
     source: str = "detected"
     extra: dict[str, str] = field(default_factory=dict)
+    isa: str | None = None
+    """CPU ISA class in force (capped by ``VRAMGATE_CPU_ISA``); None on a GPU fingerprint."""
+    flags: tuple[str, ...] = ()
+    """The CPU flags that decide the ISA class (AVX2, AVX-512, AMX), as ``/proc/cpuinfo`` lists them."""
+
+    @property
+    def tier(self) -> str:
+        """The tier key portable metrics are stored under: ``cuda`` or ``cpu``."""
+        return TIER_KEYS[0] if self.device == "cuda" else TIER_KEYS[1]
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -58,6 +77,8 @@ class Fingerprint:
             {**asdict(g), "capability": list(g.capability) if g.capability else None}
             for g in self.gpus
         ]
+        data["flags"] = list(self.flags)
+        data["tier"] = self.tier
         return data
 
 
@@ -167,7 +188,28 @@ def detect() -> Fingerprint:
     )
     if gpus:
         return Fingerprint(key=gpu_key(gpus), device="cuda", gpus=gpus, driver=driver, cuda=cuda, **common)
-    return Fingerprint(key=f"cpu-{normalize(arch)}-{normalize(cpu_model)}", device="cpu", **common)
+    from vramgate.probes import isa
+
+    try:
+        described = isa.describe()
+    except isa.ISAError as exc:
+        raise ValueError(str(exc)) from None
+    flags = tuple(sorted(f for f in isa.cpu_flags() if f in ISA_FLAGS))
+    return Fingerprint(key=cpu_key(arch, described["isa"], cpu_model), device="cpu", isa=described["isa"],
+                       flags=flags, extra=described, **common)
+
+
+#: The CPU flags a fingerprint records: those that decide the ISA class and the kernels vLLM runs.
+ISA_FLAGS = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                       "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16"})
+
+
+def cpu_key(arch: str, isa_class: str, cpu_model: str) -> str:
+    """``cpu-<arch>-<ISA class>-<model>``; other architectures than x86 carry no class (it is their arch)."""
+    arch_part = normalize(arch)
+    if isa_class and normalize(isa_class) != arch_part:
+        return f"cpu-{arch_part}-{normalize(isa_class)}-{normalize(cpu_model)}"
+    return f"cpu-{arch_part}-{normalize(cpu_model)}"
 
 
 def with_key(fp: Fingerprint, key: str) -> Fingerprint:
@@ -176,4 +218,6 @@ def with_key(fp: Fingerprint, key: str) -> Fingerprint:
         raise ValueError(
             f"hardware key {key!r} is not valid: use lower-case letters, digits, '.', '_' and '-'"
         )
+    if key in TIER_KEYS:
+        raise ValueError(f"hardware key {key!r} is a tier's key (where portable metrics live), not a machine's")
     return Fingerprint(**{**fp.__dict__, "key": key, "source": "overridden"})

@@ -12,6 +12,24 @@ through the ``gate`` fixture. Its *kind* decides how it is compared:
     A noisy figure (latency, device memory of nondeterministic kernels). Stored
     with its samples; a regression needs both a change beyond the tolerance and
     a statistically clear shift (see :mod:`vramgate.stats`).
+
+Its *scope* decides which machines it is compared on (Note [metric scope]):
+
+``portable``
+    A function of software and configuration only (vLLM's KV accounting, the
+    deterministic simulator and scheduler counts, analytic sizes, checkpoint
+    bytes). Stored under the tier's key (``cpu``, ``cuda``) and compared on
+    every machine of that tier.
+``machine``
+    Anything an ISA, a kernel choice or a device changes (timings, RSS,
+    allocator and NVML figures, bytes of weights that a kernel repacks).
+    Stored under the hardware key and compared only on machines of that key.
+
+The default follows the kind: ``exact`` metrics are portable, ``measured``
+ones (and paired ratios) machine-bound. A test overrides it with
+``scope="machine"`` for an exact figure that the machine decides, e.g. a
+peak resident size, or ``scope="portable"`` for a measured one that no
+machine changes.
 """
 
 from __future__ import annotations
@@ -23,9 +41,16 @@ from typing import Any, Literal
 
 Kind = Literal["exact", "measured"]
 Better = Literal["lower", "higher"]
+Scope = Literal["portable", "machine"]
 
 KINDS: tuple[Kind, ...] = ("exact", "measured")
 BETTER: tuple[Better, ...] = ("lower", "higher")
+SCOPES: tuple[Scope, ...] = ("portable", "machine")
+
+
+def default_scope(kind: Kind) -> Scope:
+    """The scope a metric of *kind* has unless its test says otherwise (see Note [metric scope])."""
+    return "portable" if kind == "exact" else "machine"
 
 #: Default relative tolerance of a measured metric (a 5% shift is noise).
 DEFAULT_MEASURED_TOLERANCE = 0.05
@@ -122,6 +147,19 @@ def format_value(value: float, unit: str, *, precise: bool = False) -> str:
     return text
 
 
+def worse_change(new: float, old: float, better: Better) -> float:
+    """How much worse *new* is than *old*, in ratio terms, the same in both directions (positive = worse).
+
+    Lower is better: ``new / old - 1``. Higher is better: ``old / new - 1``, so
+    half the throughput is +100% worse, as double the latency is; a tolerance
+    of 1.0 fails at half, never "at nothing". ``inf`` when the divisor is zero
+    and the other figure is not.
+    """
+    if better == "lower":
+        return relative_change(new, old)
+    return relative_change(old, new)
+
+
 def relative_change(new: float, old: float) -> float:
     """``new / old - 1``; ``inf``/``-inf`` when *old* is zero and *new* is not."""
     if old == 0:
@@ -179,6 +217,8 @@ class Metric:
     samples: list[float] = field(default_factory=list)
     paired: Paired | None = None
     """For a ratio from paired runs: both sides' samples, checked against each other in the same session."""
+    scope: Scope | None = None
+    """``portable`` or ``machine``; None takes the kind's default (see Note [metric scope])."""
 
     def __post_init__(self) -> None:
         where = f"metric {self.name!r}"
@@ -195,6 +235,8 @@ class Metric:
             raise ValueError(f"{where}: value must be finite, got {self.value}")
         if self.tolerance is not None and (self.tolerance < 0 or not math.isfinite(self.tolerance)):
             raise ValueError(f"{where}: tolerance must be a finite number >= 0, got {self.tolerance}")
+        if self.scope is not None and self.scope not in SCOPES:
+            raise ValueError(f"{where}: scope {self.scope!r} is not one of {', '.join(SCOPES)}")
         if self.kind == "measured" and not self.samples:
             raise ValueError(f"{where}: a measured metric needs samples (use gate.record_samples)")
         if self.ceiling is not None and self.floor is not None and self.floor > self.ceiling:
@@ -208,6 +250,11 @@ class Metric:
             return self.tolerance
         return 0.0 if self.kind == "exact" else DEFAULT_MEASURED_TOLERANCE
 
+    @property
+    def effective_scope(self) -> Scope:
+        """The scope in force: the given one, else the kind's default."""
+        return self.scope or default_scope(self.kind)
+
     def show(self, value: float | None = None, *, precise: bool = False) -> str:
         """Format *value* (default: this metric's value) in this metric's unit."""
         return format_value(self.value if value is None else value, self.unit, precise=precise)
@@ -219,6 +266,7 @@ class Metric:
             "kind": self.kind,
             "better": self.better,
             "tolerance": self.effective_tolerance,
+            "scope": self.effective_scope,
         }
         if self.ceiling is not None:
             out["ceiling"] = self.ceiling

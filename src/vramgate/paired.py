@@ -96,6 +96,7 @@ class EngineServer:
     def __init__(self, spec: EngineSpec, root: Path, run_dir: Path, *, cache_root: Path | None = None) -> None:
         validate(spec, root)
         resolved, paths = apply_profile(spec, root, run_dir / "overlay")
+        validate(resolved, root)  # the profile's engine arguments may need kernels this machine lacks
         self.spec, self.run_dir = resolved, run_dir
         self.control = run_dir / "control"
         self.control.mkdir(parents=True, exist_ok=True)

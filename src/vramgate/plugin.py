@@ -30,6 +30,7 @@ from vramgate.gate import Claim, Gate
 from vramgate.gpuclean import alive
 from vramgate.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
 from vramgate.metrics import format_change, format_value
+from vramgate.probes import isa
 from vramgate.probes.cpu import children, rss_bytes
 from vramgate.provenance import git_commit, now_utc, software_versions, version_mismatches
 
@@ -71,6 +72,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(flag, dest=dest, default=None, help=help_text, **extra)
         parser.addini(dest, help=f"default of {flag}: {help_text}", default=None)
     group.addoption(
+        "--gate-require-hardware", dest="gate_require_hardware", action="store_true", default=None,
+        help="fail machine-bound metrics whose hardware key has no baselines at all, instead of reporting them "
+             "as not compared (self-hosted runners of a known GPU or CPU class set it)",
+    )
+    parser.addini("gate_require_hardware", type="bool", default=False, help="default of --gate-require-hardware")
+    group.addoption(
         "--gate-update", dest="gate_update", action="store_true", default=None,
         help="write or refresh the baselines of the tests that ran (review and commit the diff)",
     )
@@ -80,6 +87,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name in MARKERS:
         config.addinivalue_line("markers", marker_help(name))
+    try:
+        # Note [ISA cap]: in force in this process (kernels a test runs in-process) and, through the
+        # environment, in every engine it starts. Without VRAMGATE_CPU_ISA nothing is imported.
+        if isa.cap() is not None:
+            isa.apply_cap()
+    except isa.ISAError as exc:
+        raise pytest.UsageError(str(exc)) from None
     session = GateSession(config)
     config.pluginmanager.register(session, SESSION_NAME)
 
@@ -242,13 +256,30 @@ class NodeResult:
     findings: list[Finding]
     test_passed: bool
     baseline_path: Path | None = None
+    """The machine-bound metrics' baseline file (hardware key)."""
     mismatches: list[str] = field(default_factory=list)
     conditions: list[dict[str, Any]] = field(default_factory=list)
     """GPU-state readings taken around the test's measurements."""
 
+    portable_path: Path | None = None
+    """The portable metrics' baseline file (tier key)."""
+
     @property
     def failed(self) -> bool:
         return any(f.failed for f in self.findings)
+
+    def path_of(self, finding: Finding) -> Path | None:
+        """The baseline file that holds (or would hold) *finding*'s metric."""
+        return self.portable_path if finding.metric.effective_scope == "portable" else self.baseline_path
+
+    def paths_of(self, findings: list[Finding]) -> list[Path]:
+        """The baseline files of *findings*, each once, portable first."""
+        out: list[Path] = []
+        for f in sorted(findings, key=lambda f: f.metric.effective_scope != "portable"):
+            path = self.path_of(f)
+            if path is not None and path not in out:
+                out.append(path)
+        return out
 
 
 class GateSession:
@@ -279,6 +310,9 @@ class GateSession:
         self.report_dir: Path | None = (report_dir / report).resolve() if report else None
         update, _ = opt("gate_update")
         self.update = bool(update)
+        require, _ = opt("gate_require_hardware")
+        self.require_hardware = bool(require)
+        self._has_baselines: dict[str, bool] = {}
         shard, _ = opt("gate_shard")
         self.shard: tuple[int, int] | None = parse_shard(shard) if shard else None
         hygiene, _ = opt("gate_hygiene")
@@ -287,7 +321,8 @@ class GateSession:
         self._call_failed: set[str] = set()
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, Claim]] = []
-        self.pending: dict[str, dict[str, NodeBaseline]] = {}
+        self.pending: dict[tuple[str, str], dict[str, NodeBaseline]] = {}
+        """Baselines to write at the end: per (key, suite), the node ids' entries."""
         self.written: list[Path] = []
         self.report_written = False
         self.errors: list[str] = []
@@ -302,7 +337,10 @@ class GateSession:
     def fingerprint(self) -> hardware.Fingerprint:
         """This machine's fingerprint (probed on first use; ``--gate-hardware`` overrides the key)."""
         if self._fingerprint is None:
-            fp = hardware.detect()
+            try:
+                fp = hardware.detect()
+            except ValueError as exc:  # a bad VRAMGATE_CPU_ISA
+                raise pytest.UsageError(f"hardware: {exc}") from None
             if self.hardware_override:
                 try:
                     fp = hardware.with_key(fp, self.hardware_override)
@@ -471,33 +509,65 @@ class GateSession:
 
     # -- checking ----------------------------------------------------------------
 
-    def evaluate(self, recorder: Gate, test_passed: bool) -> NodeResult:
-        """Check every metric of *recorder* against budget and baseline."""
-        key = self.fingerprint.key
+    def key_for(self, scope: str) -> str:
+        """The key a metric of *scope* is stored under: the tier's for portable, the hardware key otherwise."""
+        fp = self.fingerprint
+        return fp.tier if scope == "portable" else fp.key
+
+    def has_baselines(self, key: str) -> bool:
+        """Whether *key* has any baseline file at all (a machine the gate has seen before)."""
+        if key not in self._has_baselines:
+            folder = self.baselines_dir / key
+            self._has_baselines[key] = folder.is_dir() and any(folder.glob("*.json"))
+        return self._has_baselines[key]
+
+    def _entry(self, key: str, suite: str, nodeid: str) -> NodeBaseline | None:
         try:
-            stored = self.storage.load(key, recorder.suite)
+            stored = self.storage.load(key, suite)
         except BaselineError as exc:
             raise pytest.UsageError(f"unusable baseline file {exc}") from None
-        path = self.storage.path_for(key, recorder.suite)
-        entry = stored.tests.get(recorder.nodeid) if stored else None
+        return stored.tests.get(nodeid) if stored else None
+
+    def evaluate(self, recorder: Gate, test_passed: bool) -> NodeResult:
+        """Check every metric of *recorder* against budget and baseline.
+
+        Note [metric scope]: a portable metric is looked up under the tier's
+        key, a machine-bound one under the hardware key. Where the hardware key
+        has no baselines at all (a machine of a kind the gate has not seen),
+        its machine-bound metrics are "no baselines": reported, not compared,
+        not failing, unless ``--gate-require-hardware``. Any other missing
+        metric (a portable one; a machine-bound one on a key that has
+        baselines) follows ``--gate-missing`` (fail by default).
+        """
+        entries = {scope: self._entry(self.key_for(scope), recorder.suite, recorder.nodeid)
+                   for scope in ("portable", "machine")}
         findings: list[Finding] = []
-        mismatches = version_mismatches(entry.recorded.software, self.software) if entry else []
+        mismatches: list[str] = []
+        for entry in entries.values():
+            for line in version_mismatches(entry.recorded.software, self.software) if entry else []:
+                if line not in mismatches:
+                    mismatches.append(line)
         # Only a passing test whose measurements can be trusted records anything (see _queue_update).
         untrusted = bool(recorder.untrusted) and any(m.kind == "measured" for m in recorder.metrics.values())
         recordable = test_passed and not untrusted
         for metric in recorder.metrics.values():
             budget = check_budget(metric)
+            key = self.key_for(metric.effective_scope)
+            entry = entries[metric.effective_scope]
+            base = entry.metrics.get(metric.name) if entry else None
             if metric.kind == "measured" and recorder.untrusted:
-                base = entry.metrics.get(metric.name) if entry else None
                 findings.append(Finding(metric, "untrusted", base, entry.recorded if entry else None, None,
                                         budget, "; ".join(recorder.untrusted)))
                 continue
-            base = entry.metrics.get(metric.name) if entry else None
             if base is None:
                 missing: Verdict = "new" if self.update and recordable else MISSING_VERDICTS[self.missing]
                 if missing == "new" and not recordable:
                     missing = "not compared"  # nothing will be recorded for this test
-                findings.append(Finding(metric, missing, budget=budget))
+                elif (missing == "missing" and metric.effective_scope == "machine" and not self.has_baselines(key)
+                      and not self.require_hardware):
+                    missing = "no baselines"
+                findings.append(Finding(metric, missing, budget=budget,
+                                        detail=f"{key} has no baselines" if missing == "no baselines" else ""))
                 continue
             verdict, change, how = check_baseline(metric, base)
             if self.update and recordable and verdict != "ok":
@@ -505,23 +575,32 @@ class GateSession:
             findings.append(
                 Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
             )
-        result = NodeResult(recorder.nodeid, recorder.suite, findings, test_passed, path, mismatches,
-                            conditions=list(recorder.conditions))
+        result = NodeResult(recorder.nodeid, recorder.suite, findings, test_passed,
+                            self.storage.path_for(self.key_for("machine"), recorder.suite), mismatches,
+                            conditions=list(recorder.conditions),
+                            portable_path=self.storage.path_for(self.key_for("portable"), recorder.suite))
         self.results.append(result)
-        self._queue_update(result, entry)
+        for scope, entry in entries.items():
+            self._queue_update(result, scope, entry)
         return result
 
-    def _queue_update(self, result: NodeResult, entry: NodeBaseline | None) -> None:
+    def _queue_update(self, result: NodeResult, scope: str, entry: NodeBaseline | None) -> None:
+        """Queue the metrics of *scope* of *result* for its baseline file, under ``--gate-update`` or
+        ``--gate-missing record``."""
         if not result.test_passed or any(f.budget or f.verdict == "untrusted" for f in result.findings):
             return  # a failing test's (or an untrusted measurement's) figures never become a baseline
+        findings = [f for f in result.findings if f.metric.effective_scope == scope]
         if self.update:
-            metrics = {f.metric.name: f.metric for f in result.findings}
-        elif self.missing == "record" and any(f.verdict == "new" for f in result.findings):
+            metrics = {f.metric.name: f.metric for f in findings}
+            if not metrics and entry is None:
+                return
+        elif self.missing == "record" and any(f.verdict == "new" for f in findings):
             metrics = dict(entry.metrics) if entry else {}
-            metrics.update({f.metric.name: f.metric for f in result.findings if f.verdict == "new"})
+            metrics.update({f.metric.name: f.metric for f in findings if f.verdict == "new"})
         else:
             return
-        self.pending.setdefault(result.suite, {})[result.nodeid] = NodeBaseline(metrics, self.provenance())
+        key = self.key_for(scope)
+        self.pending.setdefault((key, result.suite), {})[result.nodeid] = NodeBaseline(metrics, self.provenance())
 
     def accept_args(self) -> list[str]:
         """The options after the node ids in the command that re-records baselines on this hardware."""
@@ -551,17 +630,20 @@ class GateSession:
                 heads.append(f"{f.metric.name} measured on a GPU in an untrustworthy state")
         lines = [
             f"vramgate: {'; '.join(heads)} "
-            f"({len(failed)} of {len(result.findings)} metric(s) fall short on hardware {self.fingerprint.key})",
+            f"({len(failed)} of {len(result.findings)} metric(s) fall short on hardware {self.fingerprint.key}, "
+            f"tier {self.fingerprint.tier})",
         ]
         for f in failed:
             m = f.metric
             if f.budget:
                 lines.append(f"- {m.name}: {f.budget} [budget set in the test]")
             if f.verdict == "missing":
-                lines.append(
-                    f"- {m.name}: now {m.show(precise=True)}; no baseline in {self._rel(result.baseline_path)} "
-                    f"(a gate that compares nothing passes nothing: record one, or run with --gate-missing=record)"
-                )
+                path = result.path_of(f)
+                why = ("a gate that compares nothing passes nothing: record one, or run with --gate-missing=record"
+                       if path is None or self.has_baselines(path.parent.name) else
+                       f"--gate-require-hardware is set and {path.parent.name} has no baselines: record them")
+                lines.append(f"- {m.name}: now {m.show(precise=True)}; no baseline in {self._rel(path)} "
+                             f"({m.effective_scope} metric; {why})")
             elif f.verdict == "untrusted":
                 lines.append(f"- {m.name}: now {m.show(precise=True)}, not compared: {f.detail} "
                              f"(rerun on an idle GPU at full clocks)")
@@ -571,15 +653,16 @@ class GateSession:
                     f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
                     f"{change}, {f.verdict} ({f.detail})"
                 )
-        provenance = next((f.provenance for f in failed if f.provenance), None)
+        provenance = next(((f.provenance, f) for f in failed if f.provenance), None)
         if provenance:
-            lines.append(f"Baseline: {self._rel(result.baseline_path)}, {provenance.describe()}")
+            lines.append(f"Baseline: {self._rel(result.path_of(provenance[1]))}, {provenance[0].describe()}")
         if result.mismatches:
             lines.append("! software differs from the baseline's: " + "; ".join(result.mismatches))
-        if any(f.verdict in ("regressed", "missing", "incompatible") for f in failed):
+        acceptable = [f for f in failed if f.verdict in ("regressed", "missing", "incompatible")]
+        if acceptable:
             lines.append("To accept this on purpose, re-record the baseline and commit it for review:")
             lines.append(f"    {self.accept_command([result.nodeid])}")
-            lines.append(f"    git add {self._rel(result.baseline_path)}")
+            lines.append(f"    git add {' '.join(self._rel(p) for p in result.paths_of(acceptable))}")
         return "\n".join(lines)
 
     def _rel(self, path: Path | None) -> str:
@@ -656,14 +739,14 @@ class GateSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.pending:
             fp = self.fingerprint
-            for suite, tests in sorted(self.pending.items()):
+            for (key, suite), tests in sorted(self.pending.items()):
                 try:
-                    self.written.append(self.storage.update(fp.key, suite, fp.to_json(), tests))
+                    self.written.append(self.storage.update(key, suite, fp.to_json(), tests))
                 except BaselineError as exc:
                     self.errors.append(f"could not update the baseline of suite {suite!r}: {exc} "
                                        "(left as it is: repair or delete it, then rerun with --gate-update)")
                 except OSError as exc:
-                    path = self._rel(self.storage.path_for(fp.key, suite))
+                    path = self._rel(self.storage.path_for(key, suite))
                     self.errors.append(f"could not write the baseline of suite {suite!r} to {path}: {exc} "
                                        "(the previous file, if any, is unchanged)")
         if self.report_dir is not None and (self.results or self.claims):

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from vramgate.plugin import GateSession, NodeResult
 
 VERDICT_ORDER = ("regressed", "untrusted", "incompatible", "missing", "outside budget", "improved", "updated", "new",
-                 "not compared", "ok")
+                 "no baselines", "not compared", "ok")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class Row:
     verdict: str
     change_value: float | None
     failed: bool
+    scope: str = ""
+    key: str = ""
+    """The baseline key the metric was looked up under (a tier's for portable metrics, else the hardware's)."""
 
 
 def _limit(finding: Any) -> str:
@@ -54,8 +57,10 @@ def _limit(finding: Any) -> str:
     if m.floor is not None:
         parts.append(f">= {m.show(m.floor)}")
     if finding.baseline is not None:
-        sign = "+" if m.better == "lower" else "-"
-        parts.append(f"{sign}{m.effective_tolerance:.1%} vs baseline")
+        # Tolerances are ratio terms (metrics.worse_change): higher-is-better fails below old / (1 + t).
+        tol = m.effective_tolerance
+        allowed = tol if m.better == "lower" else 1.0 / (1.0 + tol) - 1.0
+        parts.append(f"{allowed:+.1%} vs baseline")
     return ", ".join(parts) or "-"
 
 
@@ -63,6 +68,7 @@ def rows_of(results: list[NodeResult]) -> list[Row]:
     rows = []
     for result in results:
         for f in result.findings:
+            path = result.path_of(f)
             verdict: str = "outside budget" if f.budget and f.verdict == "ok" else f.verdict
             if f.budget and f.verdict != "ok":
                 verdict = f"{f.verdict}, outside budget"
@@ -78,6 +84,8 @@ def rows_of(results: list[NodeResult]) -> list[Row]:
                     verdict=verdict,
                     change_value=f.change,
                     failed=f.failed,
+                    scope=f.metric.effective_scope,
+                    key=path.parent.name if path is not None else "",
                 )
             )
     return rows
@@ -107,6 +115,27 @@ def _sorted_rows(rows: list[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: (not r.failed, rank(r), r.test, r.metric))
 
 
+def coverage_lines(rows: list[Row], accept_args: list[str], tier: str, key: str) -> list[str]:
+    """What was compared where: portable metrics under the tier, machine-bound ones under the hardware key, and
+    one prominent line for the metrics of keys that have no baselines at all, with the command that records them."""
+    compared = [r for r in rows if r.verdict.split(",")[0] not in ("no baselines", "not compared", "missing", "new")]
+    by_scope = Counter(r.scope for r in compared)
+    parts = [f"{by_scope.get('portable', 0)} portable metric(s) compared under tier {tier}",
+             f"{by_scope.get('machine', 0)} machine-bound under hardware {key}"]
+    out = ["; ".join(parts)]
+    absent = [r for r in rows if r.verdict.split(",")[0] == "no baselines"]
+    if absent:
+        tests = sorted({r.test for r in absent})
+        where = ", ".join(sorted({r.key for r in absent}))
+        args = [a for a in accept_args if a != "--gate-update"]
+        command = shlex.join(["python", "-m", "pytest", *(tests if len(tests) <= 3 else ["suites"]),
+                              "--gate-missing", "record", *args])
+        out.append(f"!! NOT COMPARED: {len(absent)} {'/'.join(sorted({r.scope for r in absent}))} metric(s) in "
+                   f"{len(tests)} test(s): {where} has no baselines. Record them on this machine (then review and "
+                   f"commit) with: {command}; --gate-require-hardware makes this a failure")
+    return out
+
+
 def _mismatch_lines(session: GateSession) -> list[str]:
     seen: dict[str, None] = {}
     for result in session.results:
@@ -120,7 +149,7 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
     counts = Counter(r.verdict for r in rows)
     tr.write_sep("=", "vramgate")
     fp = session.fingerprint
-    tr.write_line(f"hardware: {fp.key} ({fp.source}); baselines: {session.baselines_dir}")
+    tr.write_line(f"hardware: {fp.key} ({fp.source}); tier: {fp.tier}; baselines: {session.baselines_dir}")
     for nodeid, claim in session.claims:
         mark = "HELD" if claim.held else "NOT HELD"
         tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=not claim.held)
@@ -135,6 +164,8 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
         kv[0].split(",")[0]) if kv[0].split(",")[0] in VERDICT_ORDER else 99))
     tr.write_line(f"{len(rows)} metric(s) in {tests} test(s): {tally}"
                   + ("" if shown is rows else " (-v shows every row)"))
+    for line in coverage_lines(rows, session.accept_args(), fp.tier, fp.key):
+        tr.write_line(line, yellow=line.startswith("!!"), bold=line.startswith("!!"))
     improved = sorted({r.test for r in rows if r.verdict == "improved"})
     if improved and not session.update:
         tr.write_line(
@@ -249,10 +280,13 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
     out = [
         f"## vramgate: {status}",
         "",
-        f"Hardware `{data['hardware']['key']}` · {len(data['tests'])} test(s) · {len(rows)} metric(s) · "
-        f"{len(failed)} failing",
+        f"Hardware `{data['hardware']['key']}` · tier `{data['hardware'].get('tier', '?')}` · "
+        f"{len(data['tests'])} test(s) · {len(rows)} metric(s) · {len(failed)} failing",
         "",
     ]
+    hw = data["hardware"]
+    for line in coverage_lines(rows, data["accept_args"], hw.get("tier", "?"), hw.get("key", "?")):
+        out += [f"> **{line[3:]}**" if line.startswith("!!") else line, ""]
     for line in data["version_mismatches"]:
         out.append(f"> **Version mismatch with baseline:** {line}")
     if data["version_mismatches"]:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from vramgate.metrics import Better, median, relative_change
+from vramgate.metrics import Better, median, relative_change, worse_change
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_SAMPLES = 20
@@ -128,10 +128,13 @@ def compare_samples(
     change = relative_change(cand_med, base_med)
     p_greater = mann_whitney_greater(candidate, baseline)
     p_less = mann_whitney_greater(baseline, candidate)
+    # Tolerances mean the same in both directions, in ratio terms (metrics.worse_change).
+    worse = worse_change(cand_med, base_med, better)
+    gain = worse_change(base_med, cand_med, better)
     if better == "lower":
-        worse_change, p_worse, p_better = change, p_greater, p_less
+        p_worse, p_better = p_greater, p_less
     else:
-        worse_change, p_worse, p_better = -change, p_less, p_greater
-    regressed = worse_change > tolerance and p_worse < alpha
-    improved = -worse_change > tolerance and p_better < alpha
+        p_worse, p_better = p_less, p_greater
+    regressed = worse > tolerance and p_worse < alpha
+    improved = gain > tolerance and p_better < alpha
     return SampleComparison(base_med, cand_med, change, p_worse, p_better, regressed, improved)

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vramgate.probes import isa
 from vramgate.tp import TPSpec
 
 #: Largest accepted output error, relative to the reference's largest absolute value, per dtype.
@@ -408,6 +409,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m vramgate.tp_worker SPEC.json (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)",
               file=sys.stderr)
         return 2
+    isa.apply_cap()  # Note [ISA cap]: torch's and oneDNN's kernels as on the capped class
     spec_path = Path(argv[0])
     spec = TPSpec.from_json(json.loads(spec_path.read_text(encoding="utf-8")), str(spec_path))
     try:
