@@ -81,13 +81,13 @@ def test_cuda_attention_transient(gate: Gate, backend: str, ratio: int, kind: st
         out = run_sdpa(q, k, v, backend, ratio > 1)
     del out
     measured = region.peak_delta_bytes
-    gate.record("peak_delta_bytes", measured, unit="B")
+    gate.record("peak_delta_bytes", measured, unit="B", scope="machine")
     assert measured >= shape.output_bytes(), f"{backend}: peak {measured:,} B is less than its output"
     if backend == "math":
         # The math backend's score matrix (and softmax of it) is the S x S materialization.
         assert measured >= shape.scores_bytes(), (
             f"math backend peak {measured:,} B is below its {shape.scores_bytes():,} B score matrix")
-        gate.record("scores_share", round(shape.scores_bytes() / measured, 4), unit="ratio")
+        gate.record("scores_share", round(shape.scores_bytes() / measured, 4), unit="ratio", scope="machine")
     elif kind == "prefill":
         assert measured < shape.scores_bytes(), (
             f"{backend} peak {measured:,} B reaches the {shape.scores_bytes():,} B an S x S matrix would take")
@@ -96,8 +96,8 @@ def test_cuda_attention_transient(gate: Gate, backend: str, ratio: int, kind: st
         predicted = torch_flash_transient_bytes(shape, sms)
         splits = shape.fa2_splits(2 * sms)
         found = explain_splits(measured, shape)
-        gate.record("analytic_bytes", predicted, unit="B")
-        gate.record("splits", splits, unit="count")
+        gate.record("analytic_bytes", predicted, unit="B", scope="machine")
+        gate.record("splits", splits, unit="count", scope="machine")
         accumulators = f" + split-KV accumulators {shape.fa2_accumulator_bytes(splits):,}" if splits > 1 else ""
         gate.claim(
             "A FlashAttention call's transient memory is output + LSE (+ split-KV accumulators), exactly",
@@ -139,8 +139,8 @@ def test_lse_is_per_query_head(gate: Gate) -> None:
     shared = spread == 0.0
     transient = shape.output_bytes() + shape.lse_bytes()
     saving = shape.lse_bytes() - shape.lse_bytes_if_per_kv_head()
-    gate.record("lse_bytes", int(lse.numel() * 4), unit="B")
-    gate.record("lse_share_of_transient", round(shape.lse_bytes() / transient, 6), unit="ratio")
+    gate.record("lse_bytes", int(lse.numel() * 4), unit="B", scope="machine")
+    gate.record("lse_share_of_transient", round(shape.lse_bytes() / transient, 6), unit="ratio", scope="machine")
     gate.claim(
         "FlashAttention sizes the LSE by query heads instead of KV heads under GQA: 4x waste",
         held=shared,
@@ -167,12 +167,12 @@ def test_cpu_attention_peak(gate: Gate, backend: str) -> None:
         pytest.skip("this kernel refuses to reset the process's peak RSS (clear_refs): no region peak")
     scores = shape.scores_bytes()
     if backend == "math":
-        gate.record("peak_delta_bytes", probe.delta_bytes, unit="B", tolerance=0.25)
+        gate.record("peak_delta_bytes", probe.delta_bytes, unit="B", tolerance=0.25, scope="machine")
         assert probe.delta_bytes >= scores, (
             f"math backend peak {probe.delta_bytes:,} B is below its {scores:,} B score matrix")
     else:
         # A few pages either way are noise here: gate the share of the score matrix it avoided.
         gate.record("scores_avoided", round(1 - probe.delta_bytes / scores, 3), unit="ratio", better="higher",
-                    tolerance=0.05)
+                    tolerance=0.05, scope="machine")
         assert probe.delta_bytes < scores // 4, (
             f"flash backend peak {probe.delta_bytes:,} B is not well below the {scores:,} B score matrix")

@@ -32,7 +32,7 @@ def test_engine_kv_capacity(gate: Gate, engine, model_shape, small_run_spec, mod
     gate.record("page_bytes", kv["page_bytes"], unit="B")
     gate.record("num_gpu_blocks", kv["num_gpu_blocks"], unit="blocks", better="higher")
     gate.record("capacity_tokens", kv["capacity_tokens"], unit="tokens", better="higher")
-    gate.record("weights_bytes", result.memory["weights_bytes"], unit="B")
+    gate.record("weights_bytes", result.memory["weights_bytes"], unit="B", scope="machine")
     assert kv["block_size"] == block_size, result.notes
     assert kv["page_bytes"] == shape.page_bytes(block_size)
     assert kv["num_gpu_blocks"] == shape.capacity_blocks(budget, block_size)

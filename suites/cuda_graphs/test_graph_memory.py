@@ -110,18 +110,18 @@ def test_capture_memory(gate: Gate, step: DecodeStep, pool: str) -> None:
     used = _device_used()
     largest = max(SIZES)
     activations = largest * (2 * INTERMEDIATE + 2 * HIDDEN) * 2
-    gate.record("graph_reserved_bytes", reserved, unit="B")
-    gate.record("largest_capture_bytes", graphs.capture_bytes[largest], unit="B")
+    gate.record("graph_reserved_bytes", reserved, unit="B", scope="machine")
+    gate.record("largest_capture_bytes", graphs.capture_bytes[largest], unit="B", scope="machine")
     if used is not None and used0 is not None:
         # NVML's device-wide figure also holds what the CUDA context loads lazily: two runs on one H200 read
         # 162 MiB and 298 MiB for the same captures. It gates gross changes only; the allocator's figures are exact.
-        gate.record("driver_used_bytes", used - used0, unit="B", tolerance=DRIVER_USED_TOLERANCE)
+        gate.record("driver_used_bytes", used - used0, unit="B", tolerance=DRIVER_USED_TOLERANCE, scope="machine")
     print({s: graphs.capture_bytes[s] for s in SIZES})
     assert graphs.capture_bytes[largest] >= largest * INTERMEDIATE * 2, "the largest capture holds its activations"
     if pool == "shared":
         # Smaller graphs reuse the largest one's blocks: all sizes together cost about one largest capture.
         smaller = sum(b for s, b in graphs.capture_bytes.items() if s != largest)
-        gate.record("smaller_captures_bytes", smaller, unit="B")
+        gate.record("smaller_captures_bytes", smaller, unit="B", scope="machine")
         assert reserved < 2 * activations + (64 << 20), (
             f"shared pool reserved {reserved:,} B for {len(SIZES)} graphs; the largest needs ~{activations:,} B")
     graphs.release()
@@ -155,9 +155,9 @@ def test_replay_dynamic_batch_peak(gate: Gate, step: DecodeStep) -> None:
     with CudaRegion() as eager:
         for b in batches:
             step(inputs[b])
-    gate.record("captured_reserved_bytes", captured, unit="B")
-    gate.record("replay_growth_bytes", growth, unit="B")
-    gate.record("eager_peak_delta_bytes", eager.peak_delta_bytes, unit="B")
+    gate.record("captured_reserved_bytes", captured, unit="B", scope="machine")
+    gate.record("replay_growth_bytes", growth, unit="B", scope="machine")
+    gate.record("eager_peak_delta_bytes", eager.peak_delta_bytes, unit="B", scope="machine")
     driver = "" if used_before is None or used_after is None else (
         f"; driver-level use changed by {(used_after - used_before) / 2**20:+.0f} MiB")
     gate.claim(

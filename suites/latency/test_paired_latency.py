@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import cpu_backend_problem, engine_tier
+from vramgate.engine import cpu_backend_problem, engine_tier, kernel_problem
 from vramgate.gate import Gate
 from vramgate.paired import PairedEngines, paired_defaults
 from vramgate.patches import find_profile, profiles_for_suite, unmet_requirement
@@ -39,6 +39,9 @@ def test_profile_latency_ratio(gate: Gate, vllm_env: Path, model_shape, tmp_path
         problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), model_shape(reference.model).use_mla)
     if problem:
         pytest.skip(f"profile {profile} on this tier: {problem}")
+    problem = kernel_problem(candidate.replace(engine_args={**prof.engine_args, **candidate.engine_args}))
+    if problem:
+        pytest.skip(f"not on this machine: profile {profile}: {problem}")
     settings = paired_defaults(tier)
     with PairedEngines(reference, candidate, ROOT, tmp_path, cache_root=vllm_env / "cache") as engines:
         result = engines.run(settings.rounds, seed=0)

@@ -118,14 +118,15 @@ def test_workspace_vs_tokens_and_chunk(gate: Gate, device: str) -> None:
         peaks[t] = sub.reference()
         analytic = workspace_bytes(shape, t, sub.dtype_bytes)
         within(peaks[t], analytic, shape, t, sub.dtype_bytes, device=device)
-        gate.record(f"workspace_bytes_{t}_tokens", peaks[t], unit="B", tolerance=CPU_BYTES_TOLERANCE[device])
+        gate.record(f"workspace_bytes_{t}_tokens", peaks[t], unit="B", tolerance=CPU_BYTES_TOLERANCE[device],
+                    scope="machine")
         del sub
     chunk = tokens[0]
     chunked = layer.reference(chunk=chunk)
     within(chunked, workspace_bytes(shape, tokens[-1], layer.dtype_bytes, chunk), shape, tokens[-1],
            layer.dtype_bytes, chunk, device=device)
     gate.record(f"workspace_bytes_{tokens[-1]}_tokens_chunk_{chunk}", chunked, unit="B",
-                tolerance=CPU_BYTES_TOLERANCE[device])
+                tolerance=CPU_BYTES_TOLERANCE[device], scope="machine")
     growth = peaks[tokens[-1]] / peaks[tokens[1]]
     expected = tokens[-1] / tokens[1]
     assert abs(growth / expected - 1) < 0.1, f"workspace grew {growth:.2f}x for {expected:.0f}x the tokens"
@@ -144,9 +145,9 @@ def test_routing_skew(gate: Gate, device: str) -> None:
         del layer
     (ref_u, naive_u, hot_u), (ref_s, naive_s, hot_s) = results["uniform"], results["skewed"]
     slack = 0.1 if device == "cpu" else 0.02  # CPU: page-level noise of small heap buffers in the RSS
-    gate.record("fused_skew_ratio", round(ref_s / ref_u, 3), unit="ratio", tolerance=slack)
+    gate.record("fused_skew_ratio", round(ref_s / ref_u, 3), unit="ratio", tolerance=slack, scope="machine")
     if device == "cuda":  # on CPU the plain loop's many small buffers make its RSS too noisy to gate
-        gate.record("naive_skew_ratio", round(naive_s / naive_u, 3), unit="ratio", tolerance=0.1)
+        gate.record("naive_skew_ratio", round(naive_s / naive_u, 3), unit="ratio", tolerance=0.1, scope="machine")
     print(f"hottest expert {hot_u:.2f}x mean (uniform), {hot_s:.2f}x (skewed)")
     assert abs(ref_s / ref_u - 1) < slack, f"fused workspace moved with routing skew: {ref_u:,} -> {ref_s:,} B"
     assert naive_s > 1.5 * naive_u, f"plain loop's peak did not follow the hot expert: {naive_u:,} -> {naive_s:,} B"
@@ -166,7 +167,8 @@ def test_expert_count(gate: Gate, device: str) -> None:
     weights_many = (many.w1.numel() + many.w2.numel()) * many.dtype_bytes
     del many
     slack = 0.1 if device == "cpu" else 0.02
-    gate.record("workspace_ratio_4x_experts", round(peak_many / peak_few, 3), unit="ratio", tolerance=slack)
+    gate.record("workspace_ratio_4x_experts", round(peak_many / peak_few, 3), unit="ratio", tolerance=slack,
+                scope="machine")
     gate.claim(
         "Skipping non-activated MoE experts (in a FlashAttention patch) cuts memory 1.89 GB -> 0.24 GB",
         held=peak_many >= 4 * peak_few,

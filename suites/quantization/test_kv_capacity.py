@@ -81,7 +81,7 @@ def test_fp8_weights(gate: Gate, quant_runs: Any) -> None:
     run = quant_runs.engine.run(quant_runs.reference.replace(quantization="fp8"))
     freed = int(ref.memory["parameter_bytes"]) - int(run.memory["parameter_bytes"])
     linear_params = sum(lin.in_features * lin.out_features for lin in layout(quant_runs.checkpoints.config).linears)
-    gate.record("parameter_bytes", run.memory["parameter_bytes"], unit="B")
+    gate.record("parameter_bytes", run.memory["parameter_bytes"], unit="B", scope="machine")
     gate.record("kv_bytes_per_token", run.kv["bytes_per_token"], unit="B/token")
     gate.record("fixed_budget_gain_tokens", kv_gain_tokens(freed, quant_runs.kv_budget, run.kv["page_bytes"]
                                                            * run.kv["num_layers"], run.kv["block_size"]),

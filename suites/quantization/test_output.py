@@ -116,6 +116,12 @@ def test_quantized_linear_output(gate: Gate, checkpoints: Any, vllm_layers: None
 
     from vramgate.quantpack import dequantize, reference_weights
 
+    if device == "cpu":
+        from vramgate.probes import isa
+
+        problem = isa.kernel_problem("wna16", isa.effective_isa())
+        if problem:
+            pytest.skip(f"not on this machine: {problem}")
     ck_format = find_profile(ROOT, profile).checkpoint
     assert ck_format is not None
     ck = checkpoints.get(ck_format.format, ck_format.group_size)
@@ -136,5 +142,8 @@ def test_quantized_linear_output(gate: Gate, checkpoints: Any, vllm_layers: None
         assert error <= OUTPUT_TOLERANCE, (
             f"{lin.name} ({lin.in_features} -> {lin.out_features}): vLLM's output differs from the dequantized "
             f"reference by {error:.2%} (tolerance {OUTPUT_TOLERANCE:.0%})")
-    gate.record("max_output_error", round(worst, 5), unit="ratio", tolerance=0.5, ceiling=OUTPUT_TOLERANCE)
-    gate.record("max_quantization_error", round(worst_quant, 4), unit="ratio", tolerance=0.1)
+    # The ceiling (1%) is the real gate; against the baseline (0.22-0.28% measured) 0.5 flags an error that grew by
+    # half, where bf16 rounding of the scales alone moves it by tenths of a percent between kernel paths.
+    gate.record("max_output_error", round(worst, 5), unit="ratio", tolerance=0.5, ceiling=OUTPUT_TOLERANCE,
+                scope="machine")
+    gate.record("max_quantization_error", round(worst_quant, 4), unit="ratio", tolerance=0.1, scope="machine")

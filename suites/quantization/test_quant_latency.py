@@ -24,6 +24,9 @@ from vramgate.patches import profiles_for_suite
 ROOT = Path(__file__).resolve().parents[2]
 NAME = [pytest.param("bf16", id="bf16")] + [
     pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "quantization")]
+#: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
+#: 314 comparisons at 50% or 100% (README, "How precise the gate is"). 1.0 gates gross changes only: twice the
+#: latency, or half the throughput (tolerances are ratio terms both ways); the fine check is the paired latency suite's.
 TOLERANCE = 1.0 if engine_tier() == "cpu" else 0.2
 
 

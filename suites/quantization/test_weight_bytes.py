@@ -149,14 +149,15 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: Any, name: str) -> None:
     result = quant_runs.run(name)
     mem = result.memory
     params, weights = int(mem["parameter_bytes"]), int(mem["weights_bytes"])
-    gate.record("parameter_bytes", params, unit="B")
-    gate.record("buffer_bytes", weights - params, unit="B")
+    gate.record("parameter_bytes", params, unit="B", scope="machine")
+    gate.record("buffer_bytes", weights - params, unit="B", scope="machine")
     if name != "bf16":
         reference = quant_runs.run("bf16").memory
         assert weights - params == reference["weights_bytes"] - reference["parameter_bytes"], (
             "buffers (rotary cache) differ from the bf16 run's")
     if mem.get("vllm_model_memory_usage") is not None:  # vLLM's own loading figure (GPU tier)
-        gate.record("vllm_model_memory_bytes", int(mem["vllm_model_memory_usage"]), unit="B", tolerance=0.01)
+        gate.record("vllm_model_memory_bytes", int(mem["vllm_model_memory_usage"]), unit="B", tolerance=0.01,
+                    scope="machine")
     if engine_tier() != "cpu":
         # On a GPU, unquantized weights stay parameters; quantized ones are repacked for the GPU kernels.
         if name == "bf16":

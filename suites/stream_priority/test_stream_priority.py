@@ -46,8 +46,8 @@ def streams() -> dict[str, object]:
 def test_priority_range(gate: Gate) -> None:
     """The range torch exposes on this device; whether -1 is the highest priority."""
     least, greatest = torch.cuda.Stream.priority_range()
-    gate.record("least_priority", least, unit="count", better="higher")
-    gate.record("greatest_priority", greatest, unit="count")
+    gate.record("least_priority", least, unit="count", better="higher", scope="machine")
+    gate.record("greatest_priority", greatest, unit="count", scope="machine")
     assert greatest <= least, f"priority range ({least}, {greatest}): greatest must be numerically lowest"
     made = torch.cuda.Stream(priority=greatest)
     assert made.priority == greatest, f"asked for priority {greatest}, stream has {made.priority}"
@@ -131,7 +131,9 @@ def test_small_kernel_under_load(gate: Gate, streams: dict[str, object], load: s
     high, low = statistics.median(times["high"]), statistics.median(times["low"])
     gate.record_samples("high_priority_latency_s", times["high"], unit="s", tolerance=LOADED_TOLERANCE)
     gate.record_samples("low_priority_latency_s", times["low"], unit="s", tolerance=LOADED_TOLERANCE)
-    gate.record("speedup", round(low / high, 2), unit="ratio", better="higher", tolerance=0.5)
+    # A same-run ratio that moved 1.3x -> 1.8x between two runs on one H200: 0.5 fails when it falls below
+    # 1/1.5 of the baseline's (a priority that stopped helping), not on that drift.
+    gate.record("speedup", round(low / high, 2), unit="ratio", better="higher", tolerance=0.5, scope="machine")
     gate.claim(
         "A high-priority stream lets a small kernel run ahead of a saturating low-priority load",
         held=low / high >= 2,

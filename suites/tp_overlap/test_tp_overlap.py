@@ -82,6 +82,8 @@ PEAK_TOLERANCE = {"cpu": 0.15, "cuda": 0.02}
 #: Times on two shared CPU cores gate only gross regressions (a doubling), as the latency suite does; GPU drift
 #: run to run is 10-14%. The paired ratio of two steps of one round moves less with the machine's load.
 TIME_TOLERANCE = {"cpu": 1.0, "cuda": 0.2}
+#: CPU: gloo's transport shares the two cores with the compute, so per-round ratios swing with any other load
+#: (medians 0.95-1.01 on an idle machine); 0.5 fails a step that grows by half relative to sync, not the swing.
 PAIRED_TOLERANCE = {"cpu": 0.5, "cuda": 0.2}
 #: The article's figure: 4.7 -> 3.8 GB.
 CLAIMED_CUT = 0.19
@@ -173,6 +175,8 @@ def test_overlap_memory_and_time(gate: Gate, tp_runner, project_root: Path, devi
                                 [c / d for c, d in zip(mine.step_s, base.step_s, strict=True)],
                                 unit="ratio", tolerance=PAIRED_TOLERANCE[device])
             if device == "cuda":
+                # Overlap achieved is a ratio of three timings, each drifting 10-14% on a GPU: 0.5 fails when it
+                # falls below 1/1.5 of the baseline's (overlap lost), not on the drift.
                 gate.record_samples(f"rank{r.rank}.{name}.overlap", r.overlap(name), unit="ratio", better="higher",
                                     tolerance=0.5)
         lines.append(f"{name}: peak {_mib(s['peak'])} ({_pct(changes)} vs sync), step {_ms(s['step'])}; "

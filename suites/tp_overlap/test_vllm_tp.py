@@ -56,8 +56,8 @@ def record(gate: Gate, prefix: str, result: EngineResult) -> dict[str, Any]:
     ranks = memory.get("ranks") or [memory]
     assert len(ranks) == result.spec["tensor_parallel_size"], f"figures of {len(ranks)} rank(s) came back"
     for rank, figures in enumerate(ranks):
-        gate.record(f"{prefix}.rank{rank}_weights_bytes", figures["weights_bytes"], unit="B")
-        gate.record(f"{prefix}.rank{rank}_kv_tensor_bytes", figures["kv_tensor_bytes"], unit="B")
+        gate.record(f"{prefix}.rank{rank}_weights_bytes", figures["weights_bytes"], unit="B", scope="machine")
+        gate.record(f"{prefix}.rank{rank}_kv_tensor_bytes", figures["kv_tensor_bytes"], unit="B", scope="machine")
     gate.record_samples(f"{prefix}.ttft", lat["ttft_s"], unit="s", tolerance=LATENCY_TOLERANCE)
     gate.record_samples(f"{prefix}.tpot", lat["tpot_s"], unit="s", tolerance=LATENCY_TOLERANCE)
     return {"ttft": median(lat["ttft_s"]), "tpot": median(lat["tpot_s"]), "weights": memory["weights_bytes"],
