@@ -48,6 +48,7 @@ NVML_LEAK_TOLERANCE = 256 << 20
 #: Tests that use one of these fixtures (or carry a ``requires_*`` mark) get the memory checks of hygiene.
 ENGINE_FIXTURES = ("engine",)
 MISSING_POLICIES = ("fail", "record", "skip")
+UPDATE_SCOPES = ("all", "portable", "machine")
 MISSING_VERDICTS: dict[str, Verdict] = {"fail": "missing", "record": "new", "skip": "not compared"}
 GATE_KEY = pytest.StashKey[Gate]()
 
@@ -77,6 +78,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "as not compared (self-hosted runners of a known GPU or CPU class set it)",
     )
     parser.addini("gate_require_hardware", type="bool", default=False, help="default of --gate-require-hardware")
+    group.addoption(
+        "--gate-update-scope", dest="gate_update_scope", default=None, choices=UPDATE_SCOPES,
+        help="which metrics --gate-update and --gate-missing=record write: all (default), portable (the tier's "
+             "baselines only, e.g. on hosted runners whose CPU varies) or machine (this hardware key's only)",
+    )
+    parser.addini("gate_update_scope", default=None, help="default of --gate-update-scope")
     group.addoption(
         "--gate-update", dest="gate_update", action="store_true", default=None,
         help="write or refresh the baselines of the tests that ran (review and commit the diff)",
@@ -310,6 +317,11 @@ class GateSession:
         self.report_dir: Path | None = (report_dir / report).resolve() if report else None
         update, _ = opt("gate_update")
         self.update = bool(update)
+        update_scope, _ = opt("gate_update_scope")
+        self.update_scope: str = update_scope or "all"
+        if self.update_scope not in UPDATE_SCOPES:
+            raise pytest.UsageError(f"gate_update_scope = {self.update_scope!r}: must be one of "
+                                    f"{', '.join(UPDATE_SCOPES)}")
         require, _ = opt("gate_require_hardware")
         self.require_hardware = bool(require)
         self._has_baselines: dict[str, bool] = {}
@@ -559,9 +571,10 @@ class GateSession:
                 findings.append(Finding(metric, "untrusted", base, entry.recorded if entry else None, None,
                                         budget, "; ".join(recorder.untrusted)))
                 continue
+            writes = self.update_scope in ("all", metric.effective_scope)
             if base is None:
-                missing: Verdict = "new" if self.update and recordable else MISSING_VERDICTS[self.missing]
-                if missing == "new" and not recordable:
+                missing: Verdict = "new" if self.update and recordable and writes else MISSING_VERDICTS[self.missing]
+                if missing == "new" and not (recordable and writes):
                     missing = "not compared"  # nothing will be recorded for this test
                 elif (missing == "missing" and metric.effective_scope == "machine" and not self.has_baselines(key)
                       and not self.require_hardware):
@@ -570,7 +583,7 @@ class GateSession:
                                         detail=f"{key} has no baselines" if missing == "no baselines" else ""))
                 continue
             verdict, change, how = check_baseline(metric, base)
-            if self.update and recordable and verdict != "ok":
+            if self.update and recordable and writes and verdict != "ok":
                 verdict = "updated"
             findings.append(
                 Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
@@ -589,6 +602,8 @@ class GateSession:
         ``--gate-missing record``."""
         if not result.test_passed or any(f.budget or f.verdict == "untrusted" for f in result.findings):
             return  # a failing test's (or an untrusted measurement's) figures never become a baseline
+        if self.update_scope not in ("all", scope):
+            return
         findings = [f for f in result.findings if f.metric.effective_scope == scope]
         if self.update:
             metrics = {f.metric.name: f.metric for f in findings}
@@ -605,6 +620,8 @@ class GateSession:
     def accept_args(self) -> list[str]:
         """The options after the node ids in the command that re-records baselines on this hardware."""
         args = ["--gate-update"]
+        if self.update_scope != "all":
+            args += ["--gate-update-scope", self.update_scope]
         if self.hardware_override:
             args += ["--gate-hardware", self.hardware_override]
         default = (self.config.rootpath / "baselines").resolve()
