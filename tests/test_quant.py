@@ -103,6 +103,10 @@ def test_cpu_resident_model() -> None:
     assert gptq.parameter_bytes == ckpt - dropped
     assert vllm_cpu_resident(SMALL, "awq").parameter_bytes == sum(t.nbytes for t in checkpoint_tensors(SMALL, "awq"))
     assert vllm_cpu_resident(SMALL, "bf16").parameter_bytes == weight_size(SMALL, "bf16").dense_bytes
+    # below AVX-512 oneDNN takes no bf16 linear weights: they stay parameters, as in the checkpoint
+    bf16_checkpoint = sum(t.nbytes for t in checkpoint_tensors(SMALL, "bf16"))
+    assert vllm_cpu_resident(SMALL, "bf16", isa_class="avx2").parameter_bytes == bf16_checkpoint
+    assert vllm_cpu_resident(SMALL, "bf16", isa_class="avx512").parameter_bytes < bf16_checkpoint
     # w4a16: seven weight_shape tensors per layer in the checkpoint, four fused vLLM layers keep one each.
     w4 = vllm_cpu_resident(SMALL, "w4a16")
     assert w4.differences[0][1] == -3 * 16

@@ -167,7 +167,9 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: Any, name: str) -> None:
             reference_params = quant_runs.run("bf16").memory["parameter_bytes"]
             assert params < reference_params, f"{params:,} B quantized vs {reference_params:,} B bf16"
         return
-    resident = vllm_cpu_resident(quant_runs.checkpoints.config, scheme, group)
+    from vramgate.probes import isa
+
+    resident = vllm_cpu_resident(quant_runs.checkpoints.config, scheme, group, isa_class=isa.effective_isa())
     checkpoint = quant_runs.checkpoints.get(scheme, group).total_bytes
     explained = "; ".join(f"{what}: {delta:+,} B" for what, delta in resident.differences) or "none"
     assert params == resident.parameter_bytes, (
