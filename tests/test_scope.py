@@ -57,13 +57,13 @@ def test_another_machine_compares_portable_metrics_and_lists_the_rest(
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*1 portable metric(s) compared under tier cpu; 0 machine-bound under hardware hw-b*",
-        "*!! NOT COMPARED: 2 machine metric(s) in 1 test(s): hw-b has no baselines. Record them on this machine*"
+        "*!! NOT COMPARED: 2 machine-bound metric(s) in 1 test(s): hw-b has no baselines. Record them on this machine*"
         "python -m pytest test_kv.py::test_kv --gate-missing record --gate-hardware hw-b*",
     ])
     report = json.loads((recorded.path / "rep" / "report.json").read_text())
     verdicts = {m["name"]: m["verdict"] for m in report["tests"][0]["metrics"]}
     assert verdicts == {"page_bytes": "ok", "weights_bytes": "no baselines", "ttft": "no baselines"}
-    assert "NOT COMPARED: 2 machine metric(s)" in (recorded.path / "rep" / "report.md").read_text()
+    assert "NOT COMPARED: 2 machine-bound metric(s)" in (recorded.path / "rep" / "report.md").read_text()
 
 
 def test_a_portable_regression_fails_on_a_machine_without_baselines(

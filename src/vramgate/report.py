@@ -130,7 +130,7 @@ def coverage_lines(rows: list[Row], accept_args: list[str], tier: str, key: str)
         args = [a for a in accept_args if a != "--gate-update"]
         command = shlex.join(["python", "-m", "pytest", *(tests if len(tests) <= 3 else ["suites"]),
                               "--gate-missing", "record", *args])
-        out.append(f"!! NOT COMPARED: {len(absent)} {'/'.join(sorted({r.scope for r in absent}))} metric(s) in "
+        out.append(f"!! NOT COMPARED: {len(absent)} machine-bound metric(s) in "
                    f"{len(tests)} test(s): {where} has no baselines. Record them on this machine (then review and "
                    f"commit) with: {command}; --gate-require-hardware makes this a failure")
     return out
