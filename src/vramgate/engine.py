@@ -1,7 +1,8 @@
 """Run vLLM's offline engine in a subprocess: ``EngineSpec`` in, ``EngineResult`` out.
 
-The parent never imports vLLM. It validates the spec (before any engine
-starts, where it can), writes it to a per-run folder, and starts
+The parent does not run vLLM (it imports vLLM's attention-backend registry
+only to ask a backend that a spec names what it runs). It validates the spec
+(before any engine starts, where it can), writes it to a per-run folder, and starts
 ``python -m vramgate.engine_worker`` in a new session (its own process group)
 with vLLM's caches, config and temporary files pointed into that folder. The
 worker writes ``result.json``; the parent reads it. A crash, a timeout or an
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate import hardware
 from vramgate.models import ModelConfigError, load_model
 from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
 
@@ -202,6 +204,38 @@ def kernel_problem(spec: EngineSpec, tier: str | None = None) -> str | None:
     return None
 
 
+def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None) -> tuple[str, bool] | None:
+    """Why vLLM 0.32.0's attention backend named by *spec* cannot run it on the GPU tier, from the backend's own
+    class (importable without a GPU): (reason, whether the GPU is the cause) or None.
+
+    The block size is the spec's (an engine argument wins); *capability* is the GPU's (None: not checked).
+    Without vLLM nothing is checked here: the engine will say.
+    """
+    backend = spec.engine_args.get("attention_backend") or spec.attention_backend
+    if not backend:
+        return None
+    try:
+        from vllm.platforms.interface import DeviceCapability
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:
+        return None
+    try:
+        cls = AttentionBackendEnum[str(backend)].get_class()
+    except KeyError:
+        names = ", ".join(e.name for e in AttentionBackendEnum)
+        return f"attention_backend {backend!r} is not one of vLLM's backends ({names})", False
+    except ImportError as exc:  # a backend whose kernels' package is not installed (flashinfer, ...)
+        return f"attention_backend {backend!r} cannot be loaded: {exc}", False
+    block = int(spec.engine_args.get("block_size", spec.block_size))
+    if not cls.supports_block_size(block):
+        sizes = ", ".join(str(s) for s in cls.get_supported_kernel_block_sizes())
+        return f"attention_backend {backend!r} runs kernel block sizes {sizes}, not block_size {block}", False
+    if capability is not None and not cls.supports_compute_capability(DeviceCapability(*capability)):
+        return (f"attention_backend {backend!r} does not run on compute capability "
+                f"{capability[0]}.{capability[1]}"), True
+    return None
+
+
 def kv_need(spec: EngineSpec, root: Path) -> tuple[int, int]:
     """(KV bytes per token, KV bytes one request of ``max_model_len`` needs next to vLLM's null block)."""
     shape = load_model(root, spec.model)
@@ -252,6 +286,12 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         problem = kernel_problem(spec, "cpu")
         if problem:
             raise UnsupportedHere(problem)
+    else:
+        gpus = hardware.visible_gpus()
+        found = backend_problem(spec, gpus[0].capability if gpus else None)
+        if found:
+            reason, the_gpu = found
+            raise (UnsupportedHere if the_gpu else SpecError)(f"spec: {reason}")
     # A request of max_model_len must fit in the KV budget, next to vLLM's null block.
     per_token, need = kv_need(spec, root)
     budget = int(spec.kv_budget_gib * 2**30)
@@ -318,22 +358,25 @@ def engine_env(
     """The environment of an engine subprocess: offline, caches and temp files inside *run_dir*.
 
     *cache_root* (default ``run_dir/cache``) lets the runs of one gate session share
-    vLLM's cache of model inspections, which saves seconds per engine start.
+    vLLM's cache of model inspections and the compiled Triton and Inductor kernels,
+    which saves seconds per engine start on CPU and minutes of recompiling on a GPU.
     """
     env = dict(os.environ)
     tmp = run_dir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
+    shared = cache_root or run_dir / "cache"
     env.update({
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HOME": str(run_dir / "hf"),
-        "VLLM_CACHE_ROOT": str(cache_root or run_dir / "cache"),
+        "VLLM_CACHE_ROOT": str(shared),
         "VLLM_CONFIG_ROOT": str(run_dir / "config"),
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1",
         "TMPDIR": str(tmp),
-        "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor"),
-        "TRITON_CACHE_DIR": str(run_dir / "triton"),
+        # Compiled kernels depend on the code and the shapes, not on the run: one cache per session.
+        "TORCHINDUCTOR_CACHE_DIR": str(shared / "inductor"),
+        "TRITON_CACHE_DIR": str(shared / "triton"),
         "PYTHONUNBUFFERED": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # The engine's INFO lines are evidence (the kernels vLLM chose, its memory figures, the log tail): an
@@ -345,6 +388,9 @@ def engine_env(
     # One OpenMP thread per engine on CPU: with two threads on a two-core machine, any other
     # load makes OpenMP barriers stall decode steps by an order of magnitude.
     env.setdefault("OMP_NUM_THREADS", "1")
+    # CUDA numbers devices in NVML's (PCI bus) order, so that CUDA_VISIBLE_DEVICES indices name the GPUs the
+    # gate's NVML readings name (Note [CUDA_VISIBLE_DEVICES] in vramgate.probes.devices).
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     env.update(spec.env)
     paths = [str(p) for p in (extra_pythonpath or [])]
     here = str(Path(__file__).resolve().parents[1])  # the folder that holds this vramgate package

@@ -67,6 +67,30 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _device_total(torch: Any) -> int | None:
+    """CUDA device 0's memory in bytes, None without CUDA."""
+    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+
+
+def _worker_allocator(worker: Any) -> dict[str, int]:
+    """This rank's CUDA caching-allocator figures, read inside the model worker (empty without CUDA).
+
+    Note [allocator peak]: vLLM resets the allocator's peak after loading the
+    weights (before its profile run), so the peak covers the profile run, the
+    KV cache and generation, not the weights (``weights_bytes``). It is read in
+    each rank's own process: with tensor parallelism the driver process holds
+    no model and its allocator says nothing about the ranks'.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    device = torch.cuda.current_device()
+    return {"cuda_max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "cuda_max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+            "cuda_allocated_bytes": int(torch.cuda.memory_allocated(device))}
+
+
 def _worker_figures(worker: Any) -> dict[str, Any]:
     """Weights and KV tensor bytes, read inside the model worker."""
     runner = worker.model_runner
@@ -95,8 +119,36 @@ def _worker_figures(worker: Any) -> dict[str, Any]:
             "model_memory_usage": getattr(runner, "model_memory_usage", None)}
 
 
-def llm_kwargs(spec: EngineSpec, model_dir: Path) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for *spec* (model config folder *model_dir*, dummy weights)."""
+#: What a GPU engine needs next to its weights and KV cache (CUDA context, activations of the profile run,
+#: CUDA graphs, NCCL), for the start-up check that ``gpu_memory_utilization`` drives (Note [GPU utilization]).
+GPU_HEADROOM_BYTES = 4 << 30
+#: vLLM's default fraction; the gate never asks for more.
+GPU_UTILIZATION_MAX = 0.92
+
+
+def gpu_utilization(kv_bytes: int, weights_bytes: int, device_total_bytes: int) -> float:
+    """The ``gpu_memory_utilization`` a GPU engine with a fixed KV budget starts with.
+
+    Note [GPU utilization]: with ``kv_cache_memory_bytes`` set, vLLM 0.32.0
+    sizes the KV cache from it and uses ``gpu_memory_utilization`` for one
+    thing only: at start it refuses to run unless ``total x utilization``
+    bytes are free (``v1/worker/utils.request_memory``). Left at 0.92, two
+    paired engines, or one engine on a GPU that something else uses, cannot
+    start. So the gate asks for what the run needs: the KV budget, the bf16
+    weights (an upper bound for a quantized checkpoint) and
+    :data:`GPU_HEADROOM_BYTES`, as a fraction of the device, between 1% and
+    :data:`GPU_UTILIZATION_MAX`.
+    """
+    if device_total_bytes <= 0:
+        raise ValueError(f"device memory must be positive, got {device_total_bytes}")
+    need = kv_bytes + weights_bytes + GPU_HEADROOM_BYTES
+    return round(min(GPU_UTILIZATION_MAX, max(0.01, need / device_total_bytes)), 4)
+
+
+def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for *spec* (model config folder *model_dir*, dummy weights): the
+    one place that builds vLLM's engine arguments, for both tiers. On a GPU (*device_total_bytes* given) the
+    start-up utilization follows Note [GPU utilization] unless the spec's engine arguments set it."""
     kwargs: dict[str, Any] = dict(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
         block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
@@ -109,6 +161,12 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path) -> dict[str, Any]:
         kwargs["attention_backend"] = spec.attention_backend
     if spec.quantization:
         kwargs["quantization"] = spec.quantization
+    if device_total_bytes:
+        from vramgate.quant import load_config, weight_size
+
+        weights = weight_size(load_config(model_dir / "config.json"), "bf16").total_bytes
+        kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"], weights,
+                                                           device_total_bytes)
     kwargs.update(spec.engine_args)
     return kwargs
 
@@ -203,10 +261,8 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     shape = load_model(root, spec.model)
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
-    kwargs = llm_kwargs(spec, shape.path.parent)
     on_gpu = torch.cuda.is_available()
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
+    kwargs = llm_kwargs(spec, shape.path.parent, _device_total(torch))
     t1 = time.perf_counter()
     llm = LLM(**kwargs)
     t_init = time.perf_counter() - t1
@@ -262,6 +318,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         if m is not None:
             queue.append(m.scheduled_ts - m.queued_ts)
             preempted += m.num_preemptions or 0
+    allocators = engine.collective_rpc(_worker_allocator)  # after generation: Note [allocator peak]
     stats = sched.kv_cache_manager.prefix_cache_stats
     memory: dict[str, Any] = {
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -270,11 +327,11 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         "kv_tensor_bytes": worker["kv_tensor_bytes"],
         "vllm_model_memory_usage": worker["model_memory_usage"],
         "ranks": [{"weights_bytes": r["weights_bytes"], "kv_tensor_bytes": r["kv_tensor_bytes"],
-                   "model_memory_usage": r["model_memory_usage"]} for r in ranks],
+                   "model_memory_usage": r["model_memory_usage"], **a} for r, a in zip(ranks, allocators,
+                                                                                        strict=True)],
     }
-    if on_gpu:
-        memory["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
-        memory["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    # Note [allocator peak]: per rank, in the ranks' own processes; rank 0's is the headline figure.
+    memory.update(allocators[0] if allocators else {})
     page = worker["groups"][0]["page_bytes"] if worker["groups"] else None
     layers = sum(g["layers"] for g in worker["groups"])
     return {
@@ -372,13 +429,14 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     """
     _exit_with_parent()
     delay = planted_delay()  # a bad value fails before the engine starts
+    import torch
     from vllm import LLM, SamplingParams
 
     shape = load_model(root, spec.model)
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
-    llm = LLM(**llm_kwargs(spec, shape.path.parent))
+    llm = LLM(**llm_kwargs(spec, shape.path.parent, _device_total(torch)))
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:

@@ -45,19 +45,20 @@ def ancestors(pid: int) -> set[int]:
 
 
 def gpu_processes() -> list[GpuProcess]:
-    """Compute processes on every GPU, from NVML; empty where NVML is unavailable."""
-    from vramgate.probes.nvml import NVMLUnavailable, _nvml
+    """Compute processes on the GPUs this process sees (``CUDA_VISIBLE_DEVICES`` applied: a concurrent job's
+    GPUs are not this job's to clean), from NVML. :class:`~vramgate.probes.nvml.NVMLUnavailable` where NVML
+    cannot be used: a cleanup that cannot see the GPUs must say so, not pass as "nothing to do"."""
+    from vramgate.probes.devices import device_handle, visible_devices
+    from vramgate.probes.nvml import _nvml
 
-    try:
-        nvml = _nvml()
-    except NVMLUnavailable:
-        return []
+    nvml = _nvml()
     try:
         out = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        for device in visible_devices(nvml):
+            handle = device_handle(nvml, device)
             for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                out.append(GpuProcess(int(proc.pid), _uid(int(proc.pid)), int(proc.usedGpuMemory or 0), index))
+                out.append(GpuProcess(int(proc.pid), _uid(int(proc.pid)), int(proc.usedGpuMemory or 0),
+                                      device.cuda_index))
         return out
     finally:
         nvml.nvmlShutdown()

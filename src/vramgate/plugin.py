@@ -79,6 +79,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("gate_require_hardware", type="bool", default=False, help="default of --gate-require-hardware")
     group.addoption(
+        "--gate-plan", dest="gate_plan", action="store_true", default=False,
+        help="after collection, say which tests this machine's GPUs would run and why the others would skip "
+             "(with --collect-only: a dry run of a GPU runner)",
+    )
+    group.addoption(
         "--gate-update-scope", dest="gate_update_scope", default=None, choices=UPDATE_SCOPES,
         help="which metrics --gate-update and --gate-missing=record write: all (default), portable (the tier's "
              "baselines only, e.g. on hosted runners whose CPU varies) or machine (this hardware key's only)",
@@ -178,7 +183,8 @@ def tree_rss(pids: set[int]) -> dict[int, int]:
 
 
 def device_readings() -> dict[int, DeviceReading] | None:
-    """NVML's used memory of every device, and this process's share where NVML names it; None without NVML."""
+    """NVML's used memory of every device this process sees (by CUDA index), and this process's share where NVML
+    names it; None without NVML."""
     from vramgate.probes.nvml import NVMLUnavailable, _nvml
 
     try:
@@ -188,10 +194,13 @@ def device_readings() -> dict[int, DeviceReading] | None:
     torch = sys.modules.get("torch")
     context = torch is not None and torch.cuda.is_initialized()
     me = os.getpid()
+    from vramgate.probes.devices import device_handle, visible_devices
+
     try:
         out = {}
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        for device in visible_devices(nvml):  # this process's GPUs only: another tenant's are not its leaks
+            index = device.cuda_index
+            handle = device_handle(nvml, device)
             procs: dict[int, int] = {}
             for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 procs[int(proc.pid)] = procs.get(int(proc.pid), 0) + int(proc.usedGpuMemory or 0)
@@ -403,6 +412,31 @@ class GateSession:
             self.storage.validate_all()
         except BaselineError as exc:
             raise pytest.UsageError(f"unusable baseline file {exc}") from None
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """With ``--gate-plan``: what the collected tests need of the hardware, and what this machine does."""
+        if not self.config.getoption("gate_plan"):
+            return
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        from vramgate.report import plan_lines
+
+        for line in plan_lines(self.plan(session.items), self.fingerprint, self.gpus,
+                               verbose=self.config.option.verbose > 0):
+            reporter.write_line(line)
+
+    def plan(self, items: list[pytest.Item]) -> list[tuple[str, str, str | None]]:
+        """(node id, what it needs, why it would skip here or None) for each test with a ``requires_*`` mark."""
+        out = []
+        for item in items:
+            needs = [HardwareNeed(m.name, marker_value(m, item.nodeid)) for m in item.iter_markers()
+                     if m.name in HARDWARE_MARKERS]
+            if not needs:
+                continue
+            reasons = [r for r in (n.unmet(self.gpus) for n in needs) if r]
+            out.append((item.nodeid, ", ".join(n.describe() for n in needs), reasons[0] if reasons else None))
+        return out
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         for item in items:

@@ -136,6 +136,24 @@ def coverage_lines(rows: list[Row], accept_args: list[str], tier: str, key: str)
     return out
 
 
+def plan_lines(plan: list[tuple[str, str, str | None]], fp: Any, visible: Any, verbose: bool = False) -> list[str]:
+    """``--gate-plan``: per hardware need, how many tests carry it and whether they run on this machine."""
+    gpus = ", ".join(f"{g.name} ({g.memory_bytes / 2**30:.0f} GiB, capability "
+                     f"{'.'.join(map(str, g.capability)) if g.capability else '?'})" for g in visible) or "none"
+    out = [f"vramgate plan: hardware {fp.key} (tier {fp.tier}); GPUs visible: {gpus}"]
+    groups: dict[tuple[str, str | None], list[str]] = {}
+    for nodeid, needs, reason in plan:
+        groups.setdefault((needs, reason), []).append(nodeid)
+    runs = sum(len(v) for (_, reason), v in groups.items() if reason is None)
+    out.append(f"{len(plan)} test(s) need a GPU: {runs} would run here, {len(plan) - runs} would skip")
+    for (needs, reason), nodeids in sorted(groups.items(), key=lambda kv: (kv[0][1] is None, kv[0][0])):
+        verdict = "runs" if reason is None else f"skips: {reason}"
+        out.append(f"  {len(nodeids):4d} x {needs}: {verdict}")
+        if verbose:
+            out += [f"         {n}" for n in nodeids]
+    return out
+
+
 def _mismatch_lines(session: GateSession) -> list[str]:
     seen: dict[str, None] = {}
     for result in session.results:

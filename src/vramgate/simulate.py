@@ -162,6 +162,20 @@ class SchedulerProbe:
         return self.waste_weighted / self.weight if self.weight else 0.0
 
 
+def settings_of_engine(spec: dict[str, Any], kv: dict[str, Any], scheduler: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`simulate` settings that reproduce an engine run: its spec, and the KV pool and scheduler
+    settings the engine reported (``EngineResult.spec``, ``.kv``, ``.scheduler``).
+
+    Async scheduling is the engine's own: vLLM turns it on by default on CUDA and off on CPU, and it changes
+    the steps and the block counts, so a simulator left at one setting disagrees with the other tier's engine.
+    """
+    return dict(block_size=int(kv["block_size"]), num_gpu_blocks=int(kv["num_gpu_blocks"]),
+                max_model_len=int(spec["max_model_len"]), max_num_seqs=int(spec["max_num_seqs"]),
+                max_num_batched_tokens=int(spec["max_num_batched_tokens"]),
+                enable_prefix_caching=bool(scheduler["prefix_caching"]),
+                async_scheduling=bool(scheduler["async_scheduling"]))
+
+
 def _build_config(model_dir: Path, *, block_size: int, max_model_len: int, max_num_seqs: int,
                   max_num_batched_tokens: int, enable_prefix_caching: bool, async_scheduling: bool,
                   kv_cache_dtype: str, engine_args: dict[str, Any]) -> tuple[Any, dict[str, list[Any]]]:

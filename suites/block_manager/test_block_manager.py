@@ -18,7 +18,7 @@ import pytest
 
 from vramgate.engine import EngineSpec, cpu_backend_problem, engine_tier
 from vramgate.gate import Gate
-from vramgate.patches import Profile, find_profile, profiles_for_suite, unmet_requirement
+from vramgate.patches import Profile, find_profile, profiles_for_suite, unmet_here
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = [pytest.param("baseline", id="baseline")] + [
@@ -36,7 +36,7 @@ def _profile(name: str) -> Profile | None:
     if name == "baseline":
         return None
     profile = find_profile(ROOT, name)
-    problem = unmet_requirement(profile, "cpu" if engine_tier() == "cpu" else "cuda", 0, None)
+    problem = unmet_here(profile, "cpu" if engine_tier() == "cpu" else "cuda")
     if problem:
         pytest.skip(problem)
     return profile

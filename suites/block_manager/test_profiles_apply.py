@@ -1,4 +1,5 @@
-"""Every profile applies to the installed vLLM, and a broken one is refused without touching it."""
+"""Every profile applies to the installed vLLM, and a broken one is refused without touching it; every profile
+that names an attention backend passes that backend's own checks (vLLM's classes, importable without a GPU)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,34 @@ def digest(paths: list[Path]) -> str:
 def test_profile_applies(vllm_env: Path, name: str) -> None:
     profile = load_profile(ROOT / "patches" / name)
     assert check(profile) is None
+
+
+@pytest.mark.parametrize("name", [p.name for p in load_profiles(ROOT) if "attention_backend" in p.engine_args])
+def test_backend_profiles_fit_their_backend(vllm_env: Path, name: str) -> None:
+    """On a GPU its [requires] admits, the profile's engine arguments pass vLLM 0.32.0's backend checks; on one
+    it does not admit, vLLM's class says why (the gate skips with that reason instead of crashing at start)."""
+    from vramgate.engine import EngineSpec, backend_problem
+
+    profile = load_profile(ROOT / "patches" / name)
+    spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
+                      engine_args=dict(profile.engine_args))
+    admitted = profile.requires.capability or (8, 0)
+    assert backend_problem(spec, admitted) is None
+    if profile.requires.capability:
+        found = backend_problem(spec, (8, 0))  # an A100
+        assert found is not None and found[1], found
+        assert "compute capability 8.0" in found[0]
+
+
+def test_backend_block_size_is_checked(vllm_env: Path) -> None:
+    from vramgate.engine import EngineSpec, backend_problem
+
+    spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
+                      attention_backend="FLASHMLA")
+    found = backend_problem(spec, (9, 0))
+    assert found == ("attention_backend 'FLASHMLA' runs kernel block sizes 64, not block_size 16", False)
+    unknown = backend_problem(spec.replace(attention_backend="FLASHEST"), (9, 0))
+    assert unknown is not None and "is not one of vLLM's backends" in unknown[0]
 
 
 def test_refused_profiles_leave_vllm_byte_identical(vllm_env: Path, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from vramgate.engine import cpu_backend_problem, engine_tier, kernel_problem
 from vramgate.gate import Gate
 from vramgate.paired import PairedEngines, paired_defaults
-from vramgate.patches import find_profile, profiles_for_suite, unmet_requirement
+from vramgate.patches import find_profile, profiles_for_suite, unmet_here
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "block_manager")]
@@ -31,7 +31,7 @@ def test_profile_latency_ratio(gate: Gate, vllm_env: Path, model_shape, tmp_path
 
     prof = find_profile(ROOT, profile)
     tier = engine_tier()
-    problem = unmet_requirement(prof, "cpu" if tier == "cpu" else "cuda", 0, None)
+    problem = unmet_here(prof, "cpu" if tier == "cpu" else "cuda")
     reference = latency_spec("tiny-llama")
     candidate = reference.replace(profile=profile)
     if not problem and tier == "cpu":

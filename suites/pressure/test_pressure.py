@@ -14,6 +14,7 @@ import pytest
 
 from vramgate.engine import EngineSpec
 from vramgate.gate import Gate
+from vramgate.simulate import settings_of_engine
 from vramgate.workloads import build
 
 #: KV pool of the simulated run: 2,048 blocks of 16 tokens (32k tokens) for up to 256 sequences.
@@ -45,19 +46,15 @@ def test_engine_pressure(gate: Gate, engine, pressure_spec: EngineSpec) -> None:
 
 
 def test_simulator_agrees_with_engine(gate: Gate, engine, simulator, pressure_spec: EngineSpec) -> None:
-    """The same trace, pool and limits through the engine and through the simulator (synchronous, as on CPU)."""
+    """The same trace, pool and limits through the engine and through the simulator (async scheduling as the
+    engine ran it: off on CPU, on by default on CUDA)."""
     spec = pressure_spec
     result = engine.run(spec)
     if not result.scheduler["chunked_prefill"]:
         pytest.skip("this engine runs without chunked prefill; the simulator models it on")
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed,
                      max_model_len=spec.max_model_len)
-    sim = simulator.run(
-        spec.model, workload, block_size=result.kv["block_size"], num_gpu_blocks=result.kv["num_gpu_blocks"],
-        max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        enable_prefix_caching=result.scheduler["prefix_caching"], async_scheduling=False,
-    )
+    sim = simulator.run(spec.model, workload, **settings_of_engine(result.spec, result.kv, result.scheduler))
     figures = {
         "peak_blocks": (sim.peak_blocks_used, result.scheduler["peak_blocks_in_use"]),
         "preemptions": (sim.preemptions, result.scheduler["preemptions"]),

@@ -21,8 +21,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vramgate.probes import devices
 from vramgate.probes.cpu import children
-from vramgate.probes.nvml import _nvml
+from vramgate.probes.nvml import NVMLUnavailable, _nvml
 
 #: NVML clock-event reason bits (``nvmlClocksEventReason*``) and their names.
 REASONS: dict[int, str] = {
@@ -73,10 +74,17 @@ class GPUState:
 
 
 def read_state(index: int = 0) -> GPUState:
-    """Read device *index*'s clocks, throttle reasons, temperature and compute processes now."""
+    """Read CUDA device *index*'s clocks, throttle reasons, temperature and compute processes now.
+
+    *index* is CUDA's (``CUDA_VISIBLE_DEVICES`` applied, :mod:`vramgate.probes.devices`); clocks and
+    reasons of a MIG instance are its GPU's.
+    """
     nvml = _nvml()
     try:
-        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            h = devices.handle(nvml, index, parent=True)
+        except devices.NotVisible as exc:
+            raise NVMLUnavailable(str(exc)) from None
         get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         if get_reasons is None:
             get_reasons = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -101,12 +109,12 @@ def read_state(index: int = 0) -> GPUState:
 
 
 def memory_bandwidth_peak(index: int = 0) -> float:
-    """Theoretical memory bandwidth of device *index* in bytes/s (NVML: max memory clock x bus width x 2)."""
+    """Theoretical memory bandwidth of CUDA device *index* in bytes/s (NVML: max memory clock x bus width x 2)."""
     from vramgate.attention import peak_memory_bandwidth
 
     nvml = _nvml()
     try:
-        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        h = devices.handle(nvml, index, parent=True)
         return peak_memory_bandwidth(
             float(nvml.nvmlDeviceGetMaxClockInfo(h, 2)), int(nvml.nvmlDeviceGetMemoryBusWidth(h))
         )

@@ -38,10 +38,15 @@ class DeviceMemory:
 
 
 def read_device(index: int = 0) -> DeviceMemory:
-    """Read device *index*'s memory and its processes' usage now."""
+    """Read CUDA device *index*'s memory and its processes' usage now (``CUDA_VISIBLE_DEVICES`` applied)."""
+    from vramgate.probes import devices
+
     nvml = _nvml()
     try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            handle = devices.handle(nvml, index)
+        except devices.NotVisible as exc:
+            raise NVMLUnavailable(str(exc)) from None
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
         procs: dict[int, int] = {}
         for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):

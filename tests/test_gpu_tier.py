@@ -1,0 +1,176 @@
+"""Contract tests, on CPU, of what the GPU tier's first run depends on: engine arguments per tier, the
+simulator's settings from an engine run, allocator figures read per rank, profiles' hardware needs against
+the GPUs seen, shared kernel caches, and the check of the torch that `install-engine gpu` leaves."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from vramgate import hardware
+from vramgate.engine import EngineSpec, engine_env
+from vramgate.engine_worker import (
+    GPU_HEADROOM_BYTES,
+    GPU_UTILIZATION_MAX,
+    _worker_allocator,
+    gpu_utilization,
+    llm_kwargs,
+)
+from vramgate.install import gpu_torch_problem
+from vramgate.patches import find_profile, unmet_here
+from vramgate.simulate import settings_of_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+SPEC = EngineSpec(model="tiny-llama", workload="fixed", requests=4, block_size=16, max_model_len=1024,
+                  kv_budget_gib=0.25)
+
+
+# -- 2. the start-up utilization of a GPU engine with a fixed KV budget -------------------------------------
+
+
+def test_gpu_engine_asks_for_what_it_needs_not_92_percent() -> None:
+    model_dir = ROOT / "fixtures" / "models" / "tiny-llama"
+    kwargs = llm_kwargs(SPEC, model_dir, device_total_bytes=40 * GIB)  # an A100 40 GB
+    assert kwargs["kv_cache_memory_bytes"] == GIB // 4
+    util = kwargs["gpu_memory_utilization"]
+    assert 0.1 < util < 0.2  # 0.25 GiB KV + ~34 MiB weights + 4 GiB headroom of 40 GiB
+    assert util * 40 * GIB >= GIB // 4 + GPU_HEADROOM_BYTES
+    # two paired engines start side by side, where 2 x 0.92 never could
+    assert 2 * util < 1 < 2 * GPU_UTILIZATION_MAX
+
+
+def test_cpu_engine_arguments_are_unchanged_and_overrides_win() -> None:
+    model_dir = ROOT / "fixtures" / "models" / "tiny-llama"
+    assert "gpu_memory_utilization" not in llm_kwargs(SPEC, model_dir)
+    own = SPEC.replace(engine_args={"gpu_memory_utilization": 0.5})
+    assert llm_kwargs(own, model_dir, device_total_bytes=80 * GIB)["gpu_memory_utilization"] == 0.5
+
+
+@pytest.mark.parametrize(("kv", "weights", "total", "expected"), [
+    (0, 0, 1000 * GIB, 0.01), (200 * GIB, 0, 80 * GIB, GPU_UTILIZATION_MAX), (4 * GIB, 0, 80 * GIB, 0.1),
+])
+def test_gpu_utilization_is_clamped(kv: int, weights: int, total: int, expected: float) -> None:
+    assert gpu_utilization(kv, weights, total) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="device memory must be positive"):
+        gpu_utilization(kv, weights, 0)
+
+
+# -- 1. the simulator runs with the engine's own async scheduling ----------------------------------------------
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_simulator_settings_follow_the_engine(async_scheduling: bool) -> None:
+    settings = settings_of_engine(SPEC.to_json(), {"block_size": 16, "num_gpu_blocks": 513},
+                                  {"prefix_caching": True, "async_scheduling": async_scheduling})
+    assert settings["async_scheduling"] is async_scheduling  # on CUDA vLLM turns it on by default
+    assert settings["num_gpu_blocks"] == 513 and settings["max_num_seqs"] == SPEC.max_num_seqs
+
+
+# -- 8. allocator figures are read in each rank's own process -------------------------------------------------
+
+
+def test_allocator_figures_come_from_the_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, current_device=lambda: 3,
+                                 max_memory_allocated=lambda d: 1000 + d, max_memory_reserved=lambda d: 2000 + d,
+                                 memory_allocated=lambda d: 500 + d)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert _worker_allocator(object()) == {"cuda_max_allocated_bytes": 1003, "cuda_max_reserved_bytes": 2003,
+                                           "cuda_allocated_bytes": 503}
+    cuda.is_available = lambda: False
+    assert _worker_allocator(object()) == {}
+
+
+# -- 9. profiles' hardware needs against the GPUs this process sees -----------------------------------------------
+
+
+@pytest.mark.parametrize(("gpus", "capability", "skips"), [
+    (0, None, True), (1, (8, 0), True), (1, (9, 0), False), (2, (10, 0), False),
+])
+def test_flashmla_needs_a_hopper_or_blackwell_gpu(
+    monkeypatch: pytest.MonkeyPatch, gpus: int, capability: tuple[int, int] | None, skips: bool
+) -> None:
+    seen = tuple(hardware.GPUInfo("GPU", 80 * GIB, capability) for _ in range(gpus))
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: seen)
+    problem = unmet_here(find_profile(ROOT, "attention-flashmla"), "cuda")
+    assert (problem is not None) == skips
+    assert unmet_here(find_profile(ROOT, "attention-flashmla"), "cpu") is not None  # a GPU-tier profile
+
+
+def test_a_profile_needing_gpus_runs_where_they_are(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import dataclasses
+
+    from vramgate.patches import Requirements
+
+    profile = dataclasses.replace(find_profile(ROOT, "attention-triton-mla"),
+                                  requires=Requirements(device="cuda", gpus=2))
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: (hardware.GPUInfo("GPU", GIB, (8, 0)),) * 2)
+    assert unmet_here(profile, "cuda") is None  # before: always "needs 2 GPU(s); 0 visible"
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: (hardware.GPUInfo("GPU", GIB, (8, 0)),))
+    assert unmet_here(profile, "cuda") == "profile attention-triton-mla needs 2 GPU(s); 1 visible"
+
+
+# -- 10. compiled kernels are shared by the engines of a session ---------------------------------------------------
+
+
+def test_kernel_caches_are_shared_by_a_sessions_engines(tmp_path: Path) -> None:
+    shared = tmp_path / "vllm-cache"
+    a = engine_env(SPEC, tmp_path / "run-a", cache_root=shared)
+    b = engine_env(SPEC, tmp_path / "run-b", cache_root=shared)
+    for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT"):
+        assert a[name] == b[name] and a[name].startswith(str(shared))
+    assert a["TMPDIR"] != b["TMPDIR"]  # temporary files stay per run
+    assert a["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+# -- 6. the torch that `install-engine gpu` leaves ------------------------------------------------------------------
+
+
+def test_install_check_refuses_a_cpu_torch_and_an_old_driver() -> None:
+    cpu = gpu_torch_problem("2.13.0+cpu", None, False, "13.0")
+    assert cpu and "is a CPU build" in cpu and "--index-url" in cpu
+    old = gpu_torch_problem("2.13.0", "13.0", False, "12.8")
+    assert old and "the NVIDIA driver supports CUDA 12.8 only" in old
+    assert "sees no GPU" in (gpu_torch_problem("2.13.0", "13.0", False, None) or "")
+    assert gpu_torch_problem("2.13.0", "13.0", True, "13.0") is None
+    assert gpu_torch_problem(None, None, False, None) == "torch is not installed"
+
+
+# -- the dry run: what a GPU runner would run and skip ----------------------------------------------------------
+
+PLAN_TESTS = """
+import pytest
+
+@pytest.mark.requires_gpus(2)
+def test_tp():
+    pass
+
+@pytest.mark.requires_capability(9, 0)
+def test_hopper():
+    pass
+
+@pytest.mark.requires_gpus(1)
+@pytest.mark.requires_gpu_memory(40)
+def test_one():
+    pass
+
+def test_cpu():
+    pass
+"""
+
+
+def test_plan_says_what_a_gpu_runner_would_do(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    a100 = hardware.GPUInfo("NVIDIA A100-SXM4-40GB", 40 * 10**9, (8, 0))
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: (a100,))
+    pytester.makepyfile(test_plan=PLAN_TESTS)
+    result = pytester.runpytest("--collect-only", "-q", "--gate-plan", "--gate-hardware", "a100-box")
+    result.stdout.fnmatch_lines([
+        "vramgate plan: hardware a100-box (tier cpu); GPUs visible: NVIDIA A100-SXM4-40GB (37 GiB, capability 8.0)",
+        "3 test(s) need a GPU: 1 would run here, 2 would skip",
+        "*1 x requires_capability(9, 0): skips: *needs compute capability >= 9.0, NVIDIA A100-SXM4-40GB has 8.0",
+        "*1 x requires_gpus(2): skips: requires_gpus(2): needs 2 CUDA GPU(s), 1 visible",
+        "*1 x requires_gpu_memory(40), requires_gpus(1): runs",
+    ])
