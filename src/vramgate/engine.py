@@ -221,7 +221,7 @@ def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None) -> tup
         return None
     try:
         cls = AttentionBackendEnum[str(backend)].get_class()
-    except KeyError:
+    except (KeyError, ValueError):  # vLLM 0.32.0's enum raises ValueError naming the valid options
         names = ", ".join(e.name for e in AttentionBackendEnum)
         return f"attention_backend {backend!r} is not one of vLLM's backends ({names})", False
     except ImportError as exc:  # a backend whose kernels' package is not installed (flashinfer, ...)
