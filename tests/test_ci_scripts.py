@@ -85,6 +85,36 @@ def test_workflows_never_check_out_pr_code_with_write_tokens() -> None:
         assert not any(str(s.get("uses", "")).startswith("actions/checkout") for s in job.get("steps", []))
 
 
+def test_self_hosted_jobs_use_the_jobs_own_tools() -> None:
+    """No `pip install --user` (it outlives the job, and PEP 668 refuses it); every vramgate call on a GPU runner
+    uses the job's venv, which has nvidia-ml-py; runs-on is a list of labels."""
+    import yaml
+
+    for path in (ROOT / ".github" / "workflows").glob("*.yml"):
+        text = path.read_text()
+        assert "--user" not in text, path.name
+        flow = yaml.safe_load(text)
+        for job in flow["jobs"].values():
+            if "self-hosted" not in str(job.get("runs-on")):
+                continue
+            runs = [str(s.get("run", "")) for s in job.get("steps", [])]
+            calls = [r for r in runs if "-m vramgate" in r or "-m tox" in r]
+            assert calls and all("$TOOLS/bin/python" in r or "ci-tools.sh" in r for r in calls), path.name
+    tools = (ROOT / "scripts" / "ci-tools.sh").read_text()
+    assert "nvidia-ml-py" in tools and "sys.version_info < (3, 11)" in tools
+
+
+def test_ci_tools_refuses_an_old_python(tmp_path: Path) -> None:
+    fake = tmp_path / "python-old"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Python 3.10.12'; exit 0; fi\nexit 1\n")
+    fake.chmod(0o755)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "ci-tools.sh"), str(tmp_path / "venv")],
+                         env={**os.environ, "PYTHON": str(fake)}, capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "Python 3.10.12 is too old: vramgate needs Python >= 3.11" in out.stderr
+    assert not (tmp_path / "venv").exists()
+
+
 def test_suite_test_files_have_unique_basenames() -> None:
     """Suites have no ``__init__.py``: two test files with one basename cannot be collected in one run."""
     root = Path(__file__).resolve().parents[1] / "suites"
