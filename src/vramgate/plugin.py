@@ -79,6 +79,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("gate_require_hardware", type="bool", default=False, help="default of --gate-require-hardware")
     group.addoption(
+        "--gate-baselines-ref", dest="gate_baselines_ref", default=None, metavar="REF",
+        help="list first every stored baseline that differs between git REF (a PR's base) and the tree",
+    )
+    parser.addini("gate_baselines_ref", default=None, help="default of --gate-baselines-ref")
+    group.addoption(
         "--gate-plan", dest="gate_plan", action="store_true", default=False,
         help="after collection, say which tests this machine's GPUs would run and why the others would skip "
              "(with --collect-only: a dry run of a GPU runner)",
@@ -263,6 +268,21 @@ def device_leaks(before: HygieneState, after: HygieneState) -> list[str]:
     return out
 
 
+def junit_properties(result: NodeResult) -> list[tuple[str, str]]:
+    """One junit ``<property>`` per metric: ``vramgate.<metric>`` = value, baseline, verdict and how it is judged."""
+    def num(v: float) -> str:
+        return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+
+    out = []
+    for f in result.findings:
+        m = f.metric
+        base = f"{num(f.baseline.value)} {m.unit}" if f.baseline is not None else "none"
+        verdict = f.verdict + (", outside budget" if f.budget else "")
+        out.append((f"vramgate.{m.name}", f"{num(m.value)} {m.unit}; baseline {base}; verdict {verdict}; "
+                    f"{m.kind}, {m.better} is better, {m.effective_scope}, tolerance {m.effective_tolerance:g}"))
+    return out
+
+
 @dataclass
 class NodeResult:
     """The findings of one test, kept for the summary and the report."""
@@ -306,11 +326,17 @@ class GateSession:
         root = config.rootpath
         cwd = config.invocation_params.dir
 
+        asked: list[str] = []
+
         def opt(dest: str) -> tuple[Any, Path]:
             value = config.getoption(dest)
             if value is not None:
+                asked.append(dest)
                 return value, cwd
-            return config.getini(dest), (config.inipath.parent if config.inipath else root)
+            value = config.getini(dest)
+            if value not in (None, False, ""):
+                asked.append(dest)
+            return value, (config.inipath.parent if config.inipath else root)
 
         baselines, base_dir = opt("gate_baselines")
         self.baselines_dir = (base_dir / (baselines or "baselines")).resolve()
@@ -331,6 +357,10 @@ class GateSession:
         if self.update_scope not in UPDATE_SCOPES:
             raise pytest.UsageError(f"gate_update_scope = {self.update_scope!r}: must be one of "
                                     f"{', '.join(UPDATE_SCOPES)}")
+        ref, _ = opt("gate_baselines_ref")
+        self.baselines_ref: str | None = ref or None
+        self.moves: list[Any] | None = None
+        """Baseline metrics that differ between ``baselines_ref`` and the tree (:mod:`vramgate.moves`)."""
         require, _ = opt("gate_require_hardware")
         self.require_hardware = bool(require)
         self._has_baselines: dict[str, bool] = {}
@@ -338,6 +368,12 @@ class GateSession:
         self.shard: tuple[int, int] | None = parse_shard(shard) if shard else None
         hygiene, _ = opt("gate_hygiene")
         self.hygiene = (hygiene or "on") != "off"
+        if config.getoption("gate_plan"):
+            asked.append("gate_plan")
+        self.active = bool(asked)
+        """Note [inert until asked]: the gate reads baselines, probes hardware, checks hygiene and writes a
+        summary or report only in a session that sets a ``--gate-*`` option or ini value, or whose tests use the
+        ``gate`` or ``engine`` fixture or a vramgate marker. Installed, it does nothing to other projects."""
         self._before: dict[str, HygieneState] = {}
         self._call_failed: set[str] = set()
         self.results: list[NodeResult] = []
@@ -406,12 +442,11 @@ class GateSession:
         stem = path.stem
         return stem[5:] if stem.startswith("test_") else stem
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        try:
-            self.storage.validate_all()
-        except BaselineError as exc:
-            raise pytest.UsageError(f"unusable baseline file {exc}") from None
+    def uses_gate(self, item: pytest.Item) -> bool:
+        """Whether *item* uses the gate: its fixtures or a vramgate marker (Note [inert until asked])."""
+        names = getattr(item, "fixturenames", ())
+        return any(f in names for f in ("gate", *ENGINE_FIXTURES)) or any(
+            mark.name in MARKERS for mark in item.iter_markers())
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """With ``--gate-plan``: what the collected tests need of the hardware, and what this machine does."""
@@ -443,6 +478,19 @@ class GateSession:
             for mark in item.iter_markers():
                 if mark.name in MARKERS:
                     marker_value(mark, item.nodeid)
+        self.active = self.active or any(self.uses_gate(item) for item in items)
+        if self.active:  # a corrupt baseline or a bad ref stops the run before any test, never half-way
+            try:
+                self.storage.validate_all()
+            except BaselineError as exc:
+                raise pytest.UsageError(f"unusable baseline file {exc}") from None
+            if self.baselines_ref:
+                from vramgate.moves import RefError, resolve
+
+                try:
+                    resolve(self.config.rootpath, self.baselines_ref, self.baselines_dir)
+                except RefError as exc:
+                    raise pytest.UsageError(str(exc)) from None
         if self.shard is None:
             return
         # Note [shards]: round-robin over the sorted node ids: every shard of one run
@@ -528,7 +576,7 @@ class GateSession:
     @pytest.hookimpl(wrapper=True, specname="pytest_runtest_setup")
     def pytest_runtest_setup_hygiene(self, item: pytest.Item) -> Generator[None, None, None]:
         """Take hygiene's starting reading around the setup of *item* (see Note [hygiene])."""
-        if not self.hygiene:
+        if not (self.hygiene and self.active):
             return (yield)
         memory = self.memory_checked(item)
         pending = self._pending_broad_fixtures(item)
@@ -774,6 +822,9 @@ class GateSession:
             return
         result = self.evaluate(recorder, test_passed=report.passed)
         report.sections.append(("vramgate", self.result_table(result)))
+        for prop in junit_properties(result):  # GitLab, Jenkins and Buildkite read junit, not our report
+            item.user_properties.append(prop)
+            report.user_properties.append(prop)
         if result.failed and report.passed:
             report.outcome = "failed"
             report.longrepr = self.failure_message(result)
@@ -800,7 +851,14 @@ class GateSession:
                     path = self._rel(self.storage.path_for(key, suite))
                     self.errors.append(f"could not write the baseline of suite {suite!r} to {path}: {exc} "
                                        "(the previous file, if any, is unchanged)")
-        if self.report_dir is not None and (self.results or self.claims):
+        if self.baselines_ref and self.active:
+            from vramgate.moves import RefError, moved
+
+            try:
+                self.moves = moved(self.config.rootpath, self.baselines_ref, self.baselines_dir)
+            except RefError as exc:
+                self.errors.append(str(exc))
+        if self.report_dir is not None and (self.results or self.claims or self.moves):
             from vramgate.report import write_report
 
             try:
@@ -812,8 +870,23 @@ class GateSession:
         if self.errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def moved_json(self) -> dict[str, Any] | None:
+        """The baselines this change moves, with this run's figure of each where it ran; None without a ref."""
+        if self.moves is None:
+            return None
+        findings = {(r.nodeid, f.metric.name): f for r in self.results for f in r.findings}
+        out = []
+        for move in self.moves:
+            f = findings.get((move.nodeid, move.metric))
+            matches = None
+            if f is not None and move.new is not None:
+                matches = (f.metric.value == move.new.value if f.metric.kind == "exact"
+                           else f.verdict not in ("regressed", "missing", "incompatible"))
+            out.append(move.to_json(f.metric if f else None, matches))
+        return {"ref": self.baselines_ref, "metrics": out}
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.results and not self.errors and not self.claims:
+        if not self.results and not self.errors and not self.claims and not self.moves:
             return
         from vramgate.report import terminal_summary
 

@@ -64,17 +64,27 @@ def version_mismatches(recorded: dict[str, str], current: dict[str, str]) -> lis
     return lines
 
 
+class GitError(RuntimeError):
+    """A git command that failed; the message has git's own words."""
+
+
+def git(root: Path, *args: str) -> str:
+    """The output of ``git *args`` run at *root*; :class:`GitError` with git's message when it fails."""
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise GitError(f"git {' '.join(args)}: {exc}") from None
+    if out.returncode != 0:
+        raise GitError(out.stderr.strip() or f"git {' '.join(args)} exited with status {out.returncode}")
+    return out.stdout
+
+
 def git_commit(root: Path) -> str | None:
     """The commit checked out at *root* (``+dirty`` when the tree has changes), or None."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root, capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+        commit = git(root, "rev-parse", "HEAD").strip()
+        dirty = git(root, "status", "--porcelain", "--untracked-files=no").strip()
+    except GitError:
         return None
     return commit + ("+dirty" if dirty else "") if commit else None
 

@@ -115,6 +115,34 @@ def _sorted_rows(rows: list[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: (not r.failed, rank(r), r.test, r.metric))
 
 
+def _moved_cells(m: dict[str, Any]) -> tuple[str, ...]:
+    from vramgate.metrics import format_value
+
+    def show(v: Any) -> str:
+        return "(none)" if v is None else format_value(v, m["unit"], precise=True)
+
+    if m["now"] is None:
+        run = "not run here"
+    else:
+        run = f"{show(m['now'])}, " + ("matches the new" if m["matches_new"] else "differs from the new")
+    return (m["file"], m["test"].split("::", 1)[-1], m["metric"], show(m["old"]), show(m["new"]), m["change"], run)
+
+
+def moved_lines(moved: dict[str, Any] | None) -> list[str]:
+    """The terminal lines of the baselines a change moves (Note in :mod:`vramgate.moves`); none when none moved."""
+    if not moved or not moved["metrics"]:
+        return []
+    metrics = moved["metrics"]
+    files = {m["file"] for m in metrics}
+    head = ("file", "test", "metric", "at ref", "now stored", "change", "this run")
+    table = [head, *(_moved_cells(m) for m in metrics)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = [f"!! BASELINES THIS CHANGE MOVES (against {moved['ref']}): {len(metrics)} metric(s) in "
+             f"{len(files)} file(s); review each before merging"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    return lines
+
+
 def coverage_lines(rows: list[Row], accept_args: list[str], tier: str, key: str) -> list[str]:
     """What was compared where: portable metrics under the tier, machine-bound ones under the hardware key, and
     one prominent line for the metrics of keys that have no baselines at all, with the command that records them."""
@@ -166,6 +194,8 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
     rows = rows_of(session.results)
     counts = Counter(r.verdict for r in rows)
     tr.write_sep("=", "vramgate")
+    for line in moved_lines(session.moved_json()):
+        tr.write_line(line, red=line.startswith("!!"), bold=line.startswith("!!"))
     fp = session.fingerprint
     tr.write_line(f"hardware: {fp.key} ({fp.source}); tier: {fp.tier}; baselines: {session.baselines_dir}")
     for nodeid, claim in session.claims:
@@ -242,6 +272,7 @@ def report_data(session: GateSession) -> dict[str, Any]:
             key=lambda c: (c["test"], c["statement"]),
         ),
         "baselines_written": sorted(session._rel(p) for p in session.written),
+        "moved_baselines": session.moved_json(),
     }
 
 
@@ -275,7 +306,22 @@ def merge_reports(parts: list[dict[str, Any]], names: list[str] | None = None) -
         "tests": tests,
         "claims": sorted((c for p in parts for c in p["claims"]), key=lambda c: (c["test"], c["statement"])),
         "baselines_written": sorted({b for p in parts for b in p["baselines_written"]}),
+        "moved_baselines": _merge_moved([p.get("moved_baselines") for p in parts]),
     }
+
+
+def _merge_moved(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The shards' moved baselines: the same list from every shard, with this run's figure where a shard ran it."""
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for part in present:
+        for m in part["metrics"]:
+            key = (m["file"], m["test"], m["metric"])
+            if key not in merged or merged[key]["now"] is None:
+                merged[key] = m
+    return {"ref": present[0]["ref"], "metrics": [merged[k] for k in sorted(merged)]}
 
 
 def _md_escape(text: str) -> str:
@@ -305,6 +351,18 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
     hw = data["hardware"]
     for line in coverage_lines(rows, data["accept_args"], hw.get("tier", "?"), hw.get("key", "?")):
         out += [f"> **{line[3:]}**" if line.startswith("!!") else line, ""]
+    moved = data.get("moved_baselines")
+    if moved and moved["metrics"]:
+        # First, above everything: a change that moves its own baselines must be seen by its reviewer.
+        out[2:2] = [f"> **{len(moved['metrics'])} baseline metric(s) moved against `{moved['ref']}`: review them "
+                    "below before merging.**", ""]
+        out += ["### Baselines this change moves", "",
+                "| file | test | metric | at ref | now stored | change | this run |", "|---|---|---|---|---|---|---|"]
+        for m in moved["metrics"]:
+            cells = list(_moved_cells(m))
+            cells[0], cells[1] = f"`{cells[0]}`", f"`{m['test']}`"
+            out.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
+        out.append("")
     for line in data["version_mismatches"]:
         out.append(f"> **Version mismatch with baseline:** {line}")
     if data["version_mismatches"]:

@@ -1,0 +1,134 @@
+"""Pre-merge integrity: an installed plugin that stays out of other projects, baselines a change moves surfaced
+first, and metrics in junit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+UNRELATED = """
+import subprocess, sys
+def test_plain():
+    assert 1 + 1 == 2
+
+def test_leaves_a_child():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+"""
+
+
+def test_an_unrelated_project_sees_nothing_of_the_gate(pytester: pytest.Pytester) -> None:
+    golden = pytester.path / "baselines" / "golden"
+    golden.mkdir(parents=True)
+    (golden / "snap.json").write_text('{"not": "a vramgate baseline"}')
+    pytester.makepyfile(test_plain=UNRELATED)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+    out = result.stdout.str() + result.stderr.str()
+    gate_lines = [line for line in out.splitlines() if "vramgate" in line and not line.startswith("plugins:")]
+    assert gate_lines == [] and "hygiene" not in out
+
+
+def test_asking_for_the_gate_validates_baselines_again(pytester: pytest.Pytester) -> None:
+    (pytester.path / "baselines" / "golden").mkdir(parents=True)
+    (pytester.path / "baselines" / "golden" / "snap.json").write_text("{}")
+    pytester.makepyfile(test_plain=UNRELATED)
+    result = pytester.runpytest("--gate-missing", "fail")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unusable baseline file*snap.json: schema*"])
+
+
+def test_the_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kv="def test_kv(gate):\n    gate.record('x', 1, unit='B')\n")
+    result = pytester.runpytest("-p", "no:vramgate")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'gate' not found*"])
+
+
+# -- baselines a change moves -------------------------------------------------------------------------------
+
+KV = """
+import os
+def test_kv(gate):
+    gate.record("page_bytes", int(os.environ.get("PAGE", "18432")), unit="B")
+    gate.record("blocks", 100, unit="blocks", better="higher")
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A project whose baselines are committed on its main branch."""
+    pytester.makepyfile(test_kv=KV)
+    pytester.runpytest("--gate-update").assert_outcomes(passed=1)
+    git(pytester.path, "init", "-q", "-b", "main")
+    git(pytester.path, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git(pytester.path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    return pytester
+
+
+def test_a_change_that_rewrites_its_own_baseline_is_surfaced_first(
+    repo: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGE", "20480")
+    repo.runpytest("--gate-update").assert_outcomes(passed=1)  # the "PR" accepts its regression
+    result = repo.runpytest("--gate-baselines-ref", "main", "--gate-report", "rep")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    head = out.index("BASELINES THIS CHANGE MOVES")
+    assert head < out.index("metric(s) in 1 test(s)")
+    result.stdout.fnmatch_lines([
+        "*BASELINES THIS CHANGE MOVES (against main): 1 metric(s) in 1 file(s)*",
+        "*file*test*metric*at ref*now stored*change*this run*",
+        "*baselines/cpu/kv.json*test_kv*page_bytes*18,432 B*20,480 B*+11.11%*20,480 B (20.00 KiB), matches the new",
+    ])
+    md = (repo.path / "rep" / "report.md").read_text()
+    assert md.index("Baselines this change moves") < md.index("### Metrics")
+    assert md.splitlines()[2].startswith("> **1 baseline metric(s) moved")  # right under the title
+    data = json.loads((repo.path / "rep" / "report.json").read_text())
+    (moved,) = data["moved_baselines"]["metrics"]
+    assert (moved["metric"], moved["old"], moved["new"], moved["now"]) == ("page_bytes", 18432, 20480, 20480)
+    assert data["moved_baselines"]["ref"] == "main"
+
+
+def test_no_section_when_no_baseline_moved(repo: pytest.Pytester) -> None:
+    result = repo.runpytest("--gate-baselines-ref", "main", "--gate-report", "rep")
+    result.assert_outcomes(passed=1)
+    assert "MOVES" not in result.stdout.str()
+    assert "moves" not in (repo.path / "rep" / "report.md").read_text()
+    assert json.loads((repo.path / "rep" / "report.json").read_text())["moved_baselines"]["metrics"] == []
+
+
+def test_added_and_removed_baselines_are_listed(repo: pytest.Pytester) -> None:
+    repo.makepyfile(test_more="def test_new(gate):\n    gate.record('pages', 7, unit='blocks')\n")
+    repo.runpytest("test_more.py", "--gate-update").assert_outcomes(passed=1)
+    result = repo.runpytest("test_more.py", "--gate-baselines-ref", "main")
+    result.stdout.fnmatch_lines(["*test_new*pages*(none)*7 blocks*added*"])
+
+
+def test_an_unknown_ref_is_a_usage_error(repo: pytest.Pytester) -> None:
+    result = repo.runpytest("--gate-baselines-ref", "no-such-ref")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--gate-baselines-ref 'no-such-ref': not a commit of *"])
+
+
+# -- junit ------------------------------------------------------------------------------------------------------
+
+
+def test_metrics_are_properties_of_their_junit_test_case(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kv=KV)
+    pytester.runpytest("--gate-update").assert_outcomes(passed=1)
+    pytester.runpytest("--junitxml", "junit.xml").assert_outcomes(passed=1)
+    case = ET.parse(pytester.path / "junit.xml").getroot().find(".//testcase")
+    assert case is not None
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["vramgate.page_bytes"] == ("18432 B; baseline 18432 B; verdict ok; exact, lower is better, "
+                                            "portable, tolerance 0")
+    assert props["vramgate.blocks"].startswith("100 blocks; baseline 100 blocks; verdict ok")
