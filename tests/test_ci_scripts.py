@@ -130,3 +130,28 @@ def test_doctor_lists_the_facts_and_the_plan(capsys: pytest.CaptureFixture[str])
     assert "hardware:" in out and "engine:" in out and "NVML:" in out
     assert "vramgate plan: hardware" in out and "test(s) need a GPU" in out
     assert rc in (0, 1)  # 1 where something a run needs is missing (here: no vLLM in the harness's env)
+
+
+def test_every_action_is_pinned_by_commit_and_updated_by_dependabot() -> None:
+    import re
+
+    import yaml
+
+    for path in (ROOT / ".github" / "workflows").glob("*.yml"):
+        for line in path.read_text().splitlines():
+            if "uses:" in line:
+                assert re.search(r"uses: [\w.-]+/[\w.-]+@[0-9a-f]{40}\s+# v\d+\.\d+\.\d+$", line), (path.name, line)
+    bot = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
+    assert {u["package-ecosystem"] for u in bot["updates"]} >= {"github-actions", "pip"}
+    owners = (ROOT / ".github" / "CODEOWNERS").read_text()
+    assert "/baselines/" in owners and "/patches/" in owners
+
+
+def test_no_job_output_goes_unread() -> None:
+    import yaml
+
+    for path in (ROOT / ".github" / "workflows").glob("*.yml"):
+        text = path.read_text()
+        for name, job in yaml.safe_load(text)["jobs"].items():
+            for output in job.get("outputs", {}):
+                assert f"needs.{name}.outputs.{output}" in text, f"{path.name}: {name}.outputs.{output} is unread"

@@ -134,3 +134,67 @@ def test_metrics_are_properties_of_their_junit_test_case(pytester: pytest.Pytest
     assert props["vramgate.page_bytes"] == ("18432 B; baseline 18432 B; verdict ok; exact, lower is better, "
                                             "portable, tolerance 0")
     assert props["vramgate.blocks"].startswith("100 blocks; baseline 100 blocks; verdict ok")
+
+
+# -- PR comments only where they belong ---------------------------------------------------------------------
+
+HARNESS = r"""
+const fs = require('fs');
+const [scriptPath, prHead, runHead, listed] = process.argv.slice(2);
+const calls = [], warnings = [];
+const github = {
+  paginate: async () => [],
+  rest: {
+    pulls: { get: async ({ pull_number }) => ({ data: { number: pull_number, head: { sha: prHead } } }) },
+    issues: {
+      listComments: 'listComments',
+      updateComment: async (a) => calls.push(['update', a.issue_number]),
+      createComment: async (a) => calls.push(['create', a.issue_number]),
+    },
+  },
+};
+const core = { info: () => {}, warning: (m) => warnings.push(m) };
+const context = { repo: { owner: 'o', repo: 'r' },
+  payload: { workflow_run: { id: 7, head_sha: runHead, pull_requests: JSON.parse(listed) } } };
+const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+new AsyncFunction('require', 'github', 'core', 'context', fs.readFileSync(scriptPath, 'utf8'))(
+  require, github, core, context).then(() => console.log(JSON.stringify({ calls, warnings })));
+"""
+
+
+def comment(tmp_path: Path, number: str, pr_head: str, run_head: str, listed: list[int]) -> dict[str, list]:
+    """Run pr-report.yml's comment script against fake GitHub APIs, with an artifact that names PR *number*."""
+    import shutil
+
+    import yaml  # type: ignore[import-untyped]
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("needs node to run the workflow's script")
+    flow = yaml.safe_load((Path(__file__).resolve().parents[1] / ".github/workflows/pr-report.yml").read_text())
+    (step,) = [s for s in flow["jobs"]["comment"]["steps"] if "github-script" in s["uses"]]
+    (tmp_path / "script.js").write_text(step["with"]["script"])
+    (tmp_path / "harness.js").write_text(HARNESS)
+    report = tmp_path / "reports" / "vramgate-report-cpu"
+    report.mkdir(parents=True)
+    (report / "report.md").write_text("## vramgate: pass\n")
+    (report / "pr-number.txt").write_text(number)
+    out = subprocess.run([node, "harness.js", "script.js", pr_head, run_head, json.dumps(
+        [{"number": n} for n in listed])], cwd=tmp_path, capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def test_the_comment_goes_to_the_pr_the_run_tested(tmp_path: Path) -> None:
+    assert comment(tmp_path, "12", "abc", "abc", [12]) == {"calls": [["create", 12]], "warnings": []}
+
+
+@pytest.mark.parametrize(("number", "pr_head", "listed", "why"), [
+    ("13", "abc", [12], "PR #13 is not a PR of run 7"),  # a number the run does not know
+    ("13", "fff", [], "PR #13 is at fff, the run tested abc"),  # a fork's run: checked against the PR's head
+    ("12; rm -rf", "abc", [12], "bad PR number"),
+])
+def test_a_forged_number_gets_no_comment(tmp_path: Path, number: str, pr_head: str, listed: list[int],
+                                         why: str) -> None:
+    result = comment(tmp_path, number, pr_head, "abc", listed)
+    assert result["calls"] == []
+    assert why in result["warnings"][0]
