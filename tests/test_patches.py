@@ -15,11 +15,11 @@ from vramgate.patches import PatchError, ProfileError, build_overlay, load_profi
 
 GOOD_DIFF = """--- a/fakepkg/sched.py
 +++ b/fakepkg/sched.py
-@@ -1,2 +1,2 @@
+@@ -1,3 +1,3 @@
  def policy():
 -    return 'last'
 +    return 'fewest'
-"""
+""" + " \n"  # a blank context line: git anchors a hunk with less context after it than before to the file's end
 MANIFEST = """name = "{name}"
 description = "test profile"
 suites = ["block_manager"]
@@ -69,13 +69,13 @@ def test_overlay_links_untouched_files_and_copies_patched_ones(installed: Path, 
     ("diff", "message"),
     [
         (GOOD_DIFF.replace(" def policy():", " def policy(x):"),
-         "bad/0001.patch: fakepkg/sched.py: hunk 1 '@@ -1,2 +1,2 @@' does not apply at line 1: "
-         "expected 'def policy(x):', found 'def policy():'"),
+         "bad/0001.patch: fakepkg/sched.py: hunk 1 '@@ -1,3 +1,3 @@' does not apply at line 1: "
+         "expected 'def policy(x):', found 'def policy():' (git apply: patch failed: fakepkg/sched.py:1)"),
         (GOOD_DIFF.replace("a/fakepkg/sched.py", "a/../evil.py").replace("b/fakepkg/sched.py", "b/../evil.py"),
          "bad/0001.patch: '../evil.py' is outside the target package 'fakepkg'; refused"),
         (GOOD_DIFF.replace("fakepkg/sched.py", "otherpkg/sched.py"),
          "'otherpkg/sched.py' is outside the target package 'fakepkg'; refused"),
-        (GOOD_DIFF.replace("@@ -1,2 +1,2 @@", "@@ -1,3 +1,3 @@"), "is truncated"),
+        (GOOD_DIFF.replace("@@ -1,3 +1,3 @@", "@@ -1,4 +1,4 @@"), "is truncated"),
         ("just some text\n", "bad/0001.patch: no file changes found"),
     ],
     ids=["context", "escape", "other-package", "truncated", "not-a-diff"],
@@ -163,3 +163,39 @@ def test_gate_records_a_profiles_claim_verdicts_and_refuses_unmeasured_metrics()
     assert gate.profile_claims(profile, "another-workload", {}, {}) == []
     with pytest.raises(ValueError, match="unknown metric 'capacity_tokens'"):
         gate.profile_claims(profile, "engine-pressure", {"preemptions": 1.0}, {"preemptions": 1.0})
+
+
+#: A hunk below the top of the file (git anchors a hunk at line 1 to the start, as the diff says).
+OTHER_DIFF = "\n".join(["--- a/fakepkg/sched.py", "+++ b/fakepkg/sched.py", "@@ -3,4 +3,4 @@", " ", " ",
+                        " def other():", "-    return 1", "+    return 2", ""])
+
+
+def test_a_diff_whose_lines_moved_applies_at_its_offset(installed: Path, tmp_path: Path) -> None:
+    """A fork of the release with lines added above the hunk: git applies it at an offset, and says so."""
+    from vramgate.patches import patched_files
+
+    sched = installed / "sched.py"
+    sched.write_text(sched.read_text().replace("def policy():", "# a fork's own\n# three lines\n# here\ndef policy():"))
+    before = tree_digest(installed)
+    profile = load_profile(make_profile(tmp_path, "moved", {"0001.patch": OTHER_DIFF}))
+    notes: list[str] = []
+    contents = patched_files(profile, installed, "0.32.0", notes)
+    assert contents["fakepkg/sched.py"].endswith("def other():\n    return 2\n")
+    assert notes == ["moved/0001.patch: hunk 1 applied at line 6 (offset 3 lines)"]
+    overlay = build_overlay(profile, tmp_path / "overlays")
+    assert "return 2" in (overlay / "fakepkg" / "sched.py").read_text()
+    assert tree_digest(installed) == before
+
+
+def test_a_diff_whose_context_changed_is_refused_with_gits_reason(installed: Path, tmp_path: Path) -> None:
+    sched = installed / "sched.py"
+    sched.write_text("# moved down\n" + sched.read_text().replace("return 'last'", "return 'latest'"))
+    before = tree_digest(installed)
+    profile = load_profile(make_profile(tmp_path, "changed", {"0001.patch": GOOD_DIFF}))
+    with pytest.raises(PatchError) as info:
+        build_overlay(profile, tmp_path / "overlays")
+    message = str(info.value)
+    assert message.startswith("changed/0001.patch: fakepkg/sched.py: hunk 1 '@@ -1,3 +1,3 @@' does not apply")
+    assert "(git apply: patch failed: fakepkg/sched.py:1)" in message
+    assert tree_digest(installed) == before
+    assert not (tmp_path / "overlays").exists() or list((tmp_path / "overlays").iterdir()) == []

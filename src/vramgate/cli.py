@@ -221,11 +221,14 @@ def _cmd_patches_check(args: argparse.Namespace) -> int:
     profiles = load_profiles(root)
     failed = 0
     for profile in profiles:
-        problem = check(profile)
+        notes: list[str] = []
+        problem = check(profile, notes)
         kind = f"{len(profile.series)} diff(s)" if profile.series else "config only"
         status = "applies" if problem is None else f"DOES NOT APPLY: {problem}"
         failed += problem is not None
         print(f"{profile.name:<32} {profile.distribution}{profile.version:<10} {kind:<12} {status}")
+        for note in notes:  # a fork of the release: the diff applies, a few lines away from where it says
+            print(f"    {note}")
     print(f"{len(profiles)} profile(s), {failed} not applying")
     return 1 if failed else 0
 

@@ -22,6 +22,7 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
@@ -340,31 +341,59 @@ def check_path(path: str, package: str, where: str) -> PurePosixPath:
     return p
 
 
-def apply_hunks(original: list[str], fp: FilePatch, where: str) -> list[str]:
-    """Apply *fp*'s hunks to *original* (lines without newlines); exact context, no fuzz."""
-    out: list[str] = []
-    pos = 0
-    for n, hunk in enumerate(fp.hunks, 1):
-        start = hunk.old_start - 1 if hunk.old_len else hunk.old_start
-        if start < pos:
-            raise PatchError(f"{where}: {fp.path}: hunk {n} {hunk.header!r} overlaps the previous one")
-        out.extend(original[pos:start])
-        cur = start
-        for line in hunk.lines:
-            tag, body = line[0], line[1:]
-            if tag in " -":
-                found = original[cur] if cur < len(original) else "<end of file>"
-                if found != body:
-                    raise PatchError(
-                        f"{where}: {fp.path}: hunk {n} {hunk.header!r} does not apply at line {cur + 1}: "
-                        f"expected {body!r}, found {found!r}"
-                    )
-                cur += 1
-            if tag in " +":
-                out.append(body)
-        pos = cur
-    out.extend(original[pos:])
-    return out
+def mismatch(original: list[str], hunk: Hunk) -> str:
+    """Where *hunk*'s context first differs from *original* at the hunk's own line: ``at line N: expected ...,
+    found ...`` (what a reader needs to mend the diff), or "" when it matches there."""
+    cur = hunk.old_start - 1 if hunk.old_len else hunk.old_start
+    for line in hunk.lines:
+        tag, body = line[0], line[1:]
+        if tag in " -":
+            found = original[cur] if cur < len(original) else "<end of file>"
+            if found != body:
+                return f"at line {cur + 1}: expected {body!r}, found {found!r}"
+            cur += 1
+    return ""
+
+
+_GIT_HUNK_OK = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?", re.M)
+_GIT_FAILED = re.compile(r"patch failed: (.+):(\d+)")
+
+
+def git_apply(diff: Path, work: Path, fps: list[FilePatch], where: str, notes: list[str] | None) -> None:
+    """Apply *diff* to the files under *work* with ``git apply`` (Note [diffs as git applies them]).
+
+    Raises :class:`PatchError` naming the diff, the file, the hunk and git's reason; *work* is then left as
+    ``git apply`` leaves it on failure: unchanged (it applies all of a diff or nothing).
+    """
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(work.parent), "LC_ALL": "C"}
+    try:
+        out = subprocess.run(["git", "apply", "--verbose", "--whitespace=nowarn", str(diff)], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PatchError(f"{where}: git apply could not run: {exc}") from None
+    log = out.stdout + out.stderr
+    if out.returncode == 0:
+        for m in _GIT_HUNK_OK.finditer(log):
+            if m.group(3) and notes is not None:
+                notes.append(f"{where}: hunk {m.group(1)} applied at line {m.group(2)} (offset {m.group(3)} lines)")
+        return
+    failed = _GIT_FAILED.search(log)
+    path = failed.group(1) if failed else (fps[0].path if fps else "?")
+    fp = next((f for f in fps if f.path == path), fps[0] if fps else None)
+    errors = [line.removeprefix("error: ") for line in log.splitlines() if line.startswith("error:")]
+    reason = next((e for e in errors if "patch failed" in e or "does not apply" in e or "corrupt" in e),
+                  errors[0] if errors else log.strip() or f"exit status {out.returncode}")
+    if fp is None or not fp.hunks:
+        raise PatchError(f"{where}: {path}: does not apply (git apply: {reason})")
+    # The hunks of this file before the failing one were reported as applied.
+    section = log.split(f"Checking patch {path}...", 1)[-1]
+    n = len(_GIT_HUNK_OK.findall(section.split("Checking patch", 1)[0])) + 1
+    hunk = fp.hunks[min(n, len(fp.hunks)) - 1]
+    current = (work / path).read_text(encoding="utf-8").splitlines() if (work / path).is_file() else []
+    detail = mismatch(current, hunk) or (
+        "as written: unified diffs anchor a hunk with less context after than before it to the end of the file "
+        "(regenerate the diff with `git diff` or `diff -u`); fuzz is refused")
+    raise PatchError(f"{where}: {path}: hunk {n} {hunk.header!r} does not apply {detail} (git apply: {reason})")
 
 
 # -- the installed target ---------------------------------------------------------------
@@ -385,31 +414,42 @@ def installed_target(profile: Profile) -> tuple[str, str, Path]:
     raise PatchError(f"{profile.name}: the target {profile.distribution} ({names}) is not installed")
 
 
-def patched_files(profile: Profile, package_dir: Path, version: str) -> dict[str, str]:
-    """Every file the profile's series touches, with its patched text; nothing is written."""
+def patched_files(profile: Profile, package_dir: Path, version: str,
+                  notes: list[str] | None = None) -> dict[str, str]:
+    """Every file the profile's series touches, with its patched text; nothing in the package is written.
+
+    Note [diffs as git applies them]: each diff is first checked here (parseable, paths inside the target
+    package, files present or new), then applied by ``git apply`` to copies of the touched files in a
+    temporary folder: a hunk whose context moved (a fork of the release with lines added above it) applies
+    at its offset, which goes into *notes*; a hunk whose context changed is refused (no fuzz). The installed
+    package is only read.
+    """
     if Version(version) not in SpecifierSet(profile.version):
         raise PatchError(f"{profile.name}: installed {profile.distribution} {version} is outside the profile's "
                          f"target {profile.version!r}")
-    contents: dict[str, str] = {}
     base = package_dir.parent
-    for diff in profile.series:
-        where = f"{profile.name}/{diff.name}"
-        for fp in parse_diff(diff.read_text(encoding="utf-8"), where):
-            rel = str(check_path(fp.path, profile.package, where))
-            if rel in contents:
-                text = contents[rel]
-            elif fp.new_file:
-                if (base / rel).exists():
-                    raise PatchError(f"{where}: {rel} is created by the diff but already exists")
-                text = ""
-            else:
-                try:
-                    text = (base / rel).read_text(encoding="utf-8")
-                except FileNotFoundError:
-                    raise PatchError(f"{where}: {rel} does not exist in the installed package") from None
-            lines = apply_hunks(text.splitlines(), fp, where)
-            contents[rel] = "\n".join(lines) + ("\n" if lines else "")
-    return contents
+    touched: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="vramgate-apply-") as tmp:
+        work = Path(tmp) / "tree"
+        work.mkdir()
+        for diff in profile.series:
+            where = f"{profile.name}/{diff.name}"
+            fps = parse_diff(diff.read_text(encoding="utf-8"), where)
+            for fp in fps:
+                rel = str(check_path(fp.path, profile.package, where))
+                if rel in touched:
+                    continue
+                if fp.new_file:
+                    if (base / rel).exists():
+                        raise PatchError(f"{where}: {rel} is created by the diff but already exists")
+                elif not (base / rel).is_file():
+                    raise PatchError(f"{where}: {rel} does not exist in the installed package")
+                else:
+                    (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(base / rel, work / rel)
+                touched.add(rel)
+            git_apply(diff, work, fps, where, notes)
+        return {rel: (work / rel).read_text(encoding="utf-8") for rel in sorted(touched)}
 
 
 def build_overlay(profile: Profile, dest: Path) -> Path:
@@ -446,11 +486,12 @@ def build_overlay(profile: Profile, dest: Path) -> Path:
     return final
 
 
-def check(profile: Profile) -> str | None:
-    """Why *profile* does not apply to the installed target, or None when it does."""
+def check(profile: Profile, notes: list[str] | None = None) -> str | None:
+    """Why *profile* does not apply to the installed target, or None when it does (hunks applied at an offset
+    go into *notes*)."""
     try:
         _, version, package_dir = installed_target(profile)
-        patched_files(profile, package_dir, version)
+        patched_files(profile, package_dir, version, notes)
     except PatchError as exc:
         return str(exc)
     return None
