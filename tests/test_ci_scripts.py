@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,38 @@ def test_no_job_output_goes_unread() -> None:
         for name, job in yaml.safe_load(text)["jobs"].items():
             for output in job.get("outputs", {}):
                 assert f"needs.{name}.outputs.{output}" in text, f"{path.name}: {name}.outputs.{output} is unread"
+
+
+def test_a_reused_pid_is_not_signalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the listing and the signal the process ended and its pid went to another: left alone."""
+    from vramgate import gpuclean
+    from vramgate.probes.cpu import ProcStat
+
+    starts = iter([100, 999, 999])  # seen at 100, then the pid names a process started at 999
+    monkeypatch.setattr(gpuclean, "proc_stat", lambda pid: ProcStat(pid, 1, "S", next(starts, 999)))
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(gpuclean.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    assert gpuclean.end([4242], grace_s=0.1) == []
+    assert sent == []
+
+
+def test_children_are_found_through_parents() -> None:
+    from vramgate.probes.cpu import children, proc_stat
+
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)']); time.sleep(5)"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(children(child.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kids = children(os.getpid())
+        assert child.pid in kids and len(children(child.pid)) == 1
+        grandchild = children(child.pid)[0]
+        assert grandchild in kids
+        stat = proc_stat(grandchild)
+        assert stat is not None and stat.ppid == child.pid and stat.start_ticks > 0
+    finally:
+        for pid in children(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()

@@ -4,6 +4,7 @@ first, and metrics in junit."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -198,3 +199,57 @@ def test_a_forged_number_gets_no_comment(tmp_path: Path, number: str, pr_head: s
     result = comment(tmp_path, number, pr_head, "abc", listed)
     assert result["calls"] == []
     assert why in result["warnings"][0]
+
+
+# -- pytest-xdist ------------------------------------------------------------------------------------------------
+
+MANY = """
+import os
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_page(gate, i):
+    grow = int(os.environ.get("GROW", "0")) if i == 3 else 0
+    gate.record("page_bytes", 1024 * (i + 1) + grow, unit="B")
+    gate.record_samples("ttft", [0.01 * (1 + k / 100) for k in range(10)], unit="s", scope="portable")
+    gate.claim(f"page {i} is small", held=i < 5, evidence=f"{1024 * (i + 1)} B")
+"""
+
+
+def normalized_report(path: Path) -> dict[str, object]:
+    data = json.loads(path.read_text())
+    for test in data["tests"]:
+        for metric in test["metrics"]:
+            if metric["baseline_recorded"]:
+                metric["baseline_recorded"]["date"] = "-"
+                metric["baseline_recorded"]["commit"] = "-"
+        if test["message"]:
+            test["message"] = "\n".join(line for line in test["message"].splitlines() if "recorded" not in line)
+    return data
+
+
+@pytest.mark.parametrize("case", ["update", "pass", "regress"])
+def test_xdist_gives_the_serial_report(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                       case: str) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_many=MANY)
+    if case != "update":
+        pytester.runpytest("--gate-update").assert_outcomes(passed=6)
+    args = ["--gate-update"] if case == "update" else []
+    if case == "regress":
+        monkeypatch.setenv("GROW", "512")
+    reports = {}
+    written = {}
+    for mode, extra in (("serial", []), ("xdist", ["-n", "2"])):
+        if case == "update":
+            shutil.rmtree(pytester.path / "baselines", ignore_errors=True)  # both record from nothing
+        result = pytester.runpytest_subprocess(*args, *extra, "--gate-report", f"rep-{mode}")
+        result.assert_outcomes(passed=6 if case != "regress" else 5, failed=0 if case != "regress" else 1)
+        result.stdout.fnmatch_lines(["*12 metric(s) in 6 test(s)*"])
+        assert result.stdout.str().count("== vramgate ==") <= 1
+        reports[mode] = normalized_report(pytester.path / f"rep-{mode}" / "report.json")
+        stored = json.loads((pytester.path / "baselines" / "cpu" / "many.json").read_text())["tests"]
+        written[mode] = {n: t["metrics"] for n, t in stored.items()}
+    assert reports["xdist"] == reports["serial"]
+    assert written["xdist"] == written["serial"]  # the workers' baselines merged into one file
+    assert len(reports["serial"]["tests"]) == 6 and len(reports["serial"]["claims"]) == 6

@@ -468,7 +468,8 @@ def test_hygiene_fails_the_test_that_leaks_a_process(pytester: pytest.Pytester) 
                 p.kill(); p.wait()
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # plain tests: hygiene is on where the gate is asked for (Note [inert until asked]), here by its option
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gate-hygiene=on")
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(["*vramgate hygiene: test_leak.py::test_leaks left behind:*",
                                  "*- child process * still running: *time.sleep(30)*"])

@@ -9,11 +9,14 @@ metrics untrustworthy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from vramgate.probes.cpu import proc_stat
 
 
 @dataclass(frozen=True)
@@ -32,15 +35,14 @@ def _uid(pid: int) -> int | None:
 
 
 def ancestors(pid: int) -> set[int]:
+    """*pid* and every process above it (never signalled by a cleanup)."""
     out = set()
     while pid > 1:
         out.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                text = f.read()
-            pid = int(text[text.rfind(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
+        stat = proc_stat(pid)
+        if stat is None:
             break
+        pid = stat.ppid
     return out
 
 
@@ -78,35 +80,37 @@ def stray(processes: Iterable[GpuProcess], own_uid: int, protected: set[int]) ->
     return ours, foreign
 
 
-def alive(pid: int) -> bool:
-    """Whether *pid* runs (a zombie, ended but not yet reaped, does not count)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return text[text.rfind(")") + 2:].split()[0] != "Z"
+def alive(pid: int, start_ticks: int | None = None) -> bool:
+    """Whether *pid* runs (a zombie, ended but not yet reaped, does not count); with *start_ticks*, whether it is
+    still the process that started then (Note [pid reuse])."""
+    stat = proc_stat(pid)
+    return stat is not None and stat.state != "Z" and (start_ticks is None or stat.start_ticks == start_ticks)
 
 
 def end(pids: list[int], grace_s: float = 10.0) -> list[int]:
-    """SIGTERM, then SIGKILL after *grace_s*; the pids still alive after that."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    """SIGTERM, then SIGKILL after *grace_s*; the pids still alive after that.
+
+    Note [pid reuse]: each process is identified by its pid and its start time when first seen here; a pid
+    that names another process by the time of a signal (the first ended and its pid was handed out again) is
+    left alone.
+    """
+    seen = {pid: stat.start_ticks for pid in pids if (stat := proc_stat(pid)) is not None}
+
+    def signal_all(running: list[int], sig: signal.Signals) -> None:
+        for pid in running:
+            if alive(pid, seen[pid]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
+    running = list(seen)
+    signal_all(running, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    running = list(pids)
     while running and time.monotonic() < deadline:
-        running = [p for p in running if alive(p)]
+        running = [p for p in running if alive(p, seen[p])]
         time.sleep(0.2)
-    for pid in running:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    signal_all(running, signal.SIGKILL)
     deadline = time.monotonic() + 5.0
     while running and time.monotonic() < deadline:
-        running = [p for p in running if alive(p)]
+        running = [p for p in running if alive(p, seen[p])]
         time.sleep(0.1)
     return running

@@ -8,6 +8,7 @@ registered with the plugin manager under :data:`SESSION_NAME`.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shlex
 import sys
@@ -851,6 +852,13 @@ class GateSession:
                     path = self._rel(self.storage.path_for(key, suite))
                     self.errors.append(f"could not write the baseline of suite {suite!r} to {path}: {exc} "
                                        "(the previous file, if any, is unchanged)")
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: the controller reports (Note [xdist] in vramgate.transport)
+            from vramgate.transport import results_json
+
+            workeroutput["vramgate"] = json.dumps(results_json(self.results, self.claims, self.written,
+                                                               self.errors))
+            return
         if self.baselines_ref and self.active:
             from vramgate.moves import RefError, moved
 
@@ -884,6 +892,21 @@ class GateSession:
                            else f.verdict not in ("regressed", "missing", "incompatible"))
             out.append(move.to_json(f.metric if f else None, matches))
         return {"ref": self.baselines_ref, "metrics": out}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist's controller: take a finished worker's findings (Note [xdist] in :mod:`vramgate.transport`)."""
+        text = getattr(node, "workeroutput", {}).get("vramgate")
+        if not text:
+            return
+        from vramgate.transport import results_from
+
+        results, claims, written, errors = results_from(json.loads(text), NodeResult)
+        self.results += results
+        self.claims += claims
+        self.written += written
+        self.errors += errors
+        self.active = self.active or bool(results or claims)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.results and not self.errors and not self.claims and not self.moves:

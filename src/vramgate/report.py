@@ -198,7 +198,7 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
         tr.write_line(line, red=line.startswith("!!"), bold=line.startswith("!!"))
     fp = session.fingerprint
     tr.write_line(f"hardware: {fp.key} ({fp.source}); tier: {fp.tier}; baselines: {session.baselines_dir}")
-    for nodeid, claim in session.claims:
+    for nodeid, claim in sorted(session.claims, key=lambda c: (c[0], c[1].statement)):
         mark = "HELD" if claim.held else "NOT HELD"
         tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=not claim.held)
         tr.write_line(f"    {claim.evidence}  [{nodeid}]")
@@ -220,7 +220,7 @@ def terminal_summary(session: GateSession, tr: Any) -> None:
             f"{len(improved)} test(s) beat their baseline; ratchet it (review, then commit) with: "
             f"{session.accept_command(improved) if len(improved) <= 3 else session.accept_command(['<tests>'])}"
         )
-    for path in session.written:
+    for path in sorted(set(session.written)):
         tr.write_line(f"baseline written: {session._rel(path)} (review the diff and commit it)")
     if session.report_dir is not None and session.report_written:
         tr.write_line(f"report: {session.report_dir / 'report.md'}")
@@ -271,7 +271,7 @@ def report_data(session: GateSession) -> dict[str, Any]:
              for nodeid, c in session.claims),
             key=lambda c: (c["test"], c["statement"]),
         ),
-        "baselines_written": sorted(session._rel(p) for p in session.written),
+        "baselines_written": sorted({session._rel(p) for p in session.written}),
         "moved_baselines": session.moved_json(),
     }
 

@@ -42,24 +42,46 @@ def reset_peak_rss(pid: int | None = None) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class ProcStat:
+    """What ``/proc/<pid>/stat`` says of a process: its parent, its state, and when it started.
+
+    ``start_ticks`` (clock ticks after boot) tells a process from a later one that got its pid: a signal is
+    sent only to the process that was seen (Note [pid reuse] in :mod:`vramgate.gpuclean`).
+    """
+
+    pid: int
+    ppid: int
+    state: str
+    start_ticks: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``/proc/<pid>/stat`` of *pid*, or None when there is no such process (any more)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+        fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+        return ProcStat(pid, int(fields[1]), fields[0], int(fields[19]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def children(pid: int) -> list[int]:
-    """All descendants of *pid* (from ``/proc/<pid>/task/*/children``)."""
+    """All descendants of *pid*, from every process's parent in ``/proc/<pid>/stat`` (as psutil reads them;
+    ``/proc/<pid>/task/*/children`` is a debugging interface that kernels may leave out)."""
+    by_parent: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = proc_stat(int(name))
+            if stat is not None:
+                by_parent.setdefault(stat.ppid, []).append(stat.pid)
     out: list[int] = []
     stack = [pid]
     while stack:
-        current = stack.pop()
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{current}/task/{tid}/children", encoding="ascii") as f:
-                    kids = [int(x) for x in f.read().split()]
-            except OSError:
-                continue
-            out.extend(kids)
-            stack.extend(kids)
+        kids = by_parent.get(stack.pop(), [])
+        out.extend(kids)
+        stack.extend(kids)
     return out
 
 
