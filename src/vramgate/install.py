@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 from importlib import metadata
+from typing import Any
 from urllib.parse import urlparse
 
 from vramgate import TORCH_CPU_VERSION as TORCH_CPU
@@ -135,28 +136,35 @@ def _major_minor(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def check_gpu_torch() -> None:
-    """Exit with a message when the installed torch cannot run the GPU tier (see :func:`gpu_torch_problem`)."""
+def torch_facts() -> dict[str, Any]:
+    """The installed torch's version, CUDA build and whether it sees a GPU, read in a fresh interpreter (this
+    one need not import torch); :class:`RuntimeError` with the import's error when torch cannot be imported."""
     script = ("import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
               "'available': torch.cuda.is_available()}))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     if out.returncode != 0:
-        sys.exit(f"vramgate install-engine: torch cannot be imported after installing vllm: {out.stderr[-2000:]}")
+        raise RuntimeError(f"torch cannot be imported: {out.stderr.strip()[-2000:]}")
+    info: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return info
 
 
-    info = json.loads(out.stdout.strip().splitlines()[-1])
-    driver: str | None = None
+def driver_cuda_or_none() -> str | None:
+    """The CUDA version the NVIDIA driver supports, None where NVML cannot say."""
+    from vramgate.probes.nvml import NVMLUnavailable, driver_cuda
+
     try:
-        from vramgate.probes.nvml import NVMLUnavailable, _nvml
-
-        nvml = _nvml()
-        try:
-            v = int(nvml.nvmlSystemGetCudaDriverVersion())
-            driver = f"{v // 1000}.{v % 1000 // 10}"
-        finally:
-            nvml.nvmlShutdown()
+        return driver_cuda()
     except NVMLUnavailable:
-        pass
+        return None
+
+
+def check_gpu_torch() -> None:
+    """Exit with a message when the installed torch cannot run the GPU tier (see :func:`gpu_torch_problem`)."""
+    try:
+        info = torch_facts()
+    except RuntimeError as exc:
+        sys.exit(f"vramgate install-engine: after installing vllm, {exc}")
+    driver = driver_cuda_or_none()
     problem = gpu_torch_problem(info["version"], info["cuda"], bool(info["available"]), driver)
     if problem:
         sys.exit(f"vramgate install-engine: {problem}")

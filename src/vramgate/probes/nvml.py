@@ -26,6 +26,16 @@ def _nvml() -> Any:
     return pynvml
 
 
+def driver_cuda() -> str:
+    """The CUDA version the installed NVIDIA driver supports (``13.0``); :class:`NVMLUnavailable` without NVML."""
+    nvml = _nvml()
+    try:
+        v = int(nvml.nvmlSystemGetCudaDriverVersion())
+    finally:
+        nvml.nvmlShutdown()
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
     """One NVML reading of one device."""
