@@ -340,7 +340,8 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
     """``report.md`` (GitHub-flavoured: job summary, PR comment) from :func:`report_data`."""
     rows = _rows(data)
     failed = [r for r in rows if r.failed]
-    status = "❌ regression" if failed else "✅ pass"
+    moved_count = len((data.get("moved_baselines") or {}).get("metrics") or [])
+    status = "❌ regression" if failed else "⚠️ pass, with moved baselines" if moved_count else "✅ pass"
     out = [
         f"## vramgate: {status}",
         "",
