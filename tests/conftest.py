@@ -7,6 +7,17 @@ from vramgate import patches
 
 pytest_plugins = ["pytester"]
 
+# Writing a report imports matplotlib (and numpy) inside in-process pytester runs. pytester drops the modules an
+# inner run imported when it ends, and numpy refuses to load twice in one process: import them once, up front,
+# so that which test writes the first report does not matter.
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+except ImportError:
+    pass
+
 
 @pytest.fixture
 def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
