@@ -174,3 +174,9 @@ def test_plan_says_what_a_gpu_runner_would_do(pytester: pytest.Pytester, monkeyp
         "*1 x requires_gpus(2): skips: requires_gpus(2): needs 2 CUDA GPU(s), 1 visible",
         "*1 x requires_gpu_memory(40), requires_gpus(1): runs",
     ])
+
+
+def test_a_model_without_a_weight_model_still_gets_engine_arguments(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "mamba", "hidden_size": 8}')
+    kwargs = llm_kwargs(SPEC, tmp_path, device_total_bytes=80 * GIB)
+    assert kwargs["gpu_memory_utilization"] == pytest.approx((GIB // 4 + GPU_HEADROOM_BYTES) / (80 * GIB), abs=1e-4)
