@@ -119,7 +119,8 @@ def _is_number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
+def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
+    """One stored metric (its JSON object *raw*) validated; :class:`BaselineError` names *path* and *where*."""
     _require(isinstance(raw, dict), path, where, "must be an object")
     assert isinstance(raw, dict)
     for key in ("value", "unit", "kind", "better"):
@@ -194,7 +195,7 @@ def parse_baseline(path: Path, text: str) -> BaselineFile:
         _require(commit is None or isinstance(commit, str), path, f"{where}.recorded.commit", "must be a string")
         tests[nodeid] = NodeBaseline(
             metrics={
-                name: _parse_metric(path, f"{where}.metrics[{name!r}]", name, raw)
+                name: parse_metric(path, f"{where}.metrics[{name!r}]", name, raw)
                 for name, raw in metrics_raw.items()
             },
             recorded=Provenance(commit=commit, date=rec["date"], software=software),

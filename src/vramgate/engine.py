@@ -286,8 +286,8 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         problem = kernel_problem(spec, "cpu")
         if problem:
             raise UnsupportedHere(problem)
-    else:
-        gpus = hardware.visible_gpus()
+    elif spec.engine_args.get("attention_backend") or spec.attention_backend:
+        gpus = hardware.visible_gpus()  # probed only for a spec that names a backend
         found = backend_problem(spec, gpus[0].capability if gpus else None)
         if found:
             reason, the_gpu = found

@@ -182,13 +182,14 @@ def detect() -> Fingerprint:
         return Fingerprint(key=gpu_key(gpus), device="cuda", gpus=gpus, driver=driver, cuda=cuda, **common)
     from vramgate.probes import isa
 
+    cpu_flags = isa.cpu_flags()
     try:
-        described = isa.describe()
+        described = isa.describe(cpu_flags)
     except isa.ISAError as exc:
         raise ValueError(str(exc)) from None
-    flags = tuple(sorted(f for f in isa.cpu_flags() if f in ISA_FLAGS))
-    return Fingerprint(key=cpu_key(arch, described["isa"], cpu_model), device="cpu", isa=described["isa"],
-                       flags=flags, extra=described, **common)
+    cls = described.pop("isa")
+    return Fingerprint(key=cpu_key(arch, cls, cpu_model), device="cpu", isa=cls,
+                       flags=tuple(sorted(f for f in cpu_flags if f in ISA_FLAGS)), extra=described, **common)
 
 
 #: The CPU flags a fingerprint records: those that decide the ISA class and the kernels vLLM runs.

@@ -42,9 +42,10 @@ class Move:
 
     def to_json(self, now: Metric | None, matches: bool | None) -> dict[str, Any]:
         either = self.new or self.old
+        assert either is not None, "a move has at least one side"
         return {"file": self.file, "test": self.nodeid, "metric": self.metric,
                 "old": self.old.value if self.old else None, "new": self.new.value if self.new else None,
-                "unit": either.unit if either else "count", "change": self.change,
+                "unit": either.unit, "change": self.change,
                 "now": now.value if now else None, "matches_new": matches}
 
 

@@ -94,9 +94,8 @@ class EngineServer:
     """One ``engine_worker --serve`` subprocess; rounds on request, a clear error with its log tail on failure."""
 
     def __init__(self, spec: EngineSpec, root: Path, run_dir: Path, *, cache_root: Path | None = None) -> None:
-        validate(spec, root)
         resolved, paths = apply_profile(spec, root, run_dir / "overlay")
-        validate(resolved, root)  # the profile's engine arguments may need kernels this machine lacks
+        validate(resolved, root)  # with the profile's engine arguments, as EngineCache validates it
         self.spec, self.run_dir = resolved, run_dir
         self.control = run_dir / "control"
         self.control.mkdir(parents=True, exist_ok=True)

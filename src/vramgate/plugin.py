@@ -882,10 +882,10 @@ class GateSession:
         """The baselines this change moves, with this run's figure of each where it ran; None without a ref."""
         if self.moves is None:
             return None
-        findings = {(r.nodeid, f.metric.name): f for r in self.results for f in r.findings}
+        findings = {(self._rel(r.path_of(f)), r.nodeid, f.metric.name): f for r in self.results for f in r.findings}
         out = []
         for move in self.moves:
-            f = findings.get((move.nodeid, move.metric))
+            f = findings.get((move.file, move.nodeid, move.metric))  # only a figure compared against that file
             matches = None
             if f is not None and move.new is not None:
                 matches = (f.metric.value == move.new.value if f.metric.kind == "exact"

@@ -312,7 +312,7 @@ _LLAMA_VLLM_MODULES_PER_LAYER = 4
 
 
 def vllm_cpu_resident(cfg: dict[str, Any], scheme: str, group_size: int = DEFAULT_GROUP_SIZE,
-                      where: str = "config", isa_class: str = "avx512-bf16") -> Resident:
+                      where: str = "config", *, isa_class: str) -> Resident:
     """Parameter bytes vLLM 0.32.0's CPU engine holds after loading a *scheme* checkpoint of a Llama-style *cfg*,
     on a CPU of ISA class *isa_class* (:mod:`vramgate.probes.isa`).
 
@@ -328,8 +328,10 @@ def vllm_cpu_resident(cfg: dict[str, Any], scheme: str, group_size: int = DEFAUL
       only; the linear weights are still in memory, invisible to a parameter
       count. Below AVX-512 oneDNN cannot create a bf16 matmul ("Failed to
       create oneDNN linear, fallback to torch linear"): the weights stay
-      parameters (measured: tiny-llama 35,129,856 B with ``VRAMGATE_CPU_ISA=avx2``,
-      32,770,560 B on AVX-512 and AVX-512 + BF16).
+      parameters (measured on tiny-llama's bf16 checkpoint: 35,129,856 B with
+      ``VRAMGATE_CPU_ISA=avx2``, 32,770,560 B on AVX-512 + BF16; with
+      ``VRAMGATE_CPU_ISA=avx512`` the resident weights are those of AVX-512 + BF16,
+      33,294,880 B in the capacity suite).
     - ``awq``: ``qweight``, ``qzeros`` and ``scales`` are repacked in place
       for ``CPUWNA16LinearKernel`` at the same sizes (fp16 scales become the
       model dtype, also 2 bytes).

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vramgate.baselines import new_file_mode, stage_text
-from vramgate.metrics import format_change
+from vramgate.metrics import format_change, format_value
 
 if TYPE_CHECKING:
     from vramgate.plugin import GateSession, NodeResult
@@ -99,12 +99,18 @@ def _cells(row: Row, short: bool = True) -> tuple[str, ...]:
     return (test, row.metric, row.baseline, row.now, row.change, row.limit, row.verdict)
 
 
-def text_table(rows: list[Row]) -> str:
-    table = [_HEAD, *(_cells(r) for r in rows)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(_HEAD))]
+def aligned(head: tuple[str, ...], cells: list[tuple[str, ...]], rule: bool = True) -> list[str]:
+    """*head* and *cells* as left-aligned text columns (with a rule under the head)."""
+    table = [head, *cells]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    if rule:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def text_table(rows: list[Row]) -> str:
+    return "\n".join(aligned(_HEAD, [_cells(r) for r in rows]))
 
 
 def _sorted_rows(rows: list[Row]) -> list[Row]:
@@ -116,8 +122,6 @@ def _sorted_rows(rows: list[Row]) -> list[Row]:
 
 
 def _moved_cells(m: dict[str, Any]) -> tuple[str, ...]:
-    from vramgate.metrics import format_value
-
     def show(v: Any) -> str:
         return "(none)" if v is None else format_value(v, m["unit"], precise=True)
 
@@ -135,12 +139,9 @@ def moved_lines(moved: dict[str, Any] | None) -> list[str]:
     metrics = moved["metrics"]
     files = {m["file"] for m in metrics}
     head = ("file", "test", "metric", "at ref", "now stored", "change", "this run")
-    table = [head, *(_moved_cells(m) for m in metrics)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines = [f"!! BASELINES THIS CHANGE MOVES (against {moved['ref']}): {len(metrics)} metric(s) in "
              f"{len(files)} file(s); review each before merging"]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    return lines
+    return lines + ["  " + line for line in aligned(head, [_moved_cells(m) for m in metrics], rule=False)]
 
 
 def coverage_lines(rows: list[Row], accept_args: list[str], tier: str, key: str) -> list[str]:

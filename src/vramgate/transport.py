@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vramgate.baselines import Provenance, _parse_metric
+from vramgate.baselines import Provenance, parse_metric
 from vramgate.checks import Finding
 from vramgate.gate import Claim
 from vramgate.metrics import Metric
@@ -23,7 +23,7 @@ def _metric(m: Metric) -> dict[str, Any]:
 
 
 def _unmetric(data: dict[str, Any]) -> Metric:
-    return _parse_metric(Path("<worker>"), data["name"], data["name"], {k: v for k, v in data.items() if k != "name"})
+    return parse_metric(Path("<worker>"), data["name"], data["name"], {k: v for k, v in data.items() if k != "name"})
 
 
 def _number(v: float | None) -> Any:

@@ -190,9 +190,10 @@ def _false() -> bool:
     return False
 
 
-def describe() -> dict[str, str]:
-    """What the fingerprint records about the ISA: detected class, cap, class in force, vLLM's kernel library."""
-    detected = detected_isa()
+def describe(flags: Iterable[str] | None = None) -> dict[str, str]:
+    """What the fingerprint records about the ISA: detected class (from *flags*, default this CPU's), cap, class
+    in force, vLLM's kernel library."""
+    detected = isa_class(cpu_flags() if flags is None else flags)
     limit = cap()
     isa = capped(detected, limit)
     out = {"isa": isa, "isa_detected": detected, "vllm_kernel_library": vllm_kernel_library(isa)}
