@@ -8,4 +8,4 @@ without installing it, this registers the same plugin.
 from importlib.metadata import entry_points
 
 if not any(ep.name == "vramgate" for ep in entry_points(group="pytest11")):
-    pytest_plugins = ["vramgate.plugin"]
+    pytest_plugins = ["vramgate.pytest_plugin.plugin"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gate's precision on a GPU box, without vLLM: the kernel-level campaign of
-# `python -m vramgate.kernel_calibrate` (flash decode, planted +5% / +10% delays, fresh processes),
+# `python -m vramgate.tools.calibration.kernel_latency` (flash decode, planted +5% / +10% delays, fresh processes),
 # writing calibration.json and calibration.md into OUT_DIR. Needs pytest, torch and numpy only.
 #
 #   scripts/gpu-calibrate.sh OUT_DIR [kernel_calibrate args]
@@ -13,7 +13,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 py="${PYTHON:-python3}"
 start=$(date +%s)
-timeout --signal=INT --kill-after=20 300 "$py" -m vramgate.kernel_calibrate "$out" --device cuda "$@"
+timeout --signal=INT --kill-after=20 300 "$py" -m vramgate.tools.calibration.kernel_latency "$out" --device cuda "$@"
 rc=$?
 echo "kernel_calibrate exit $rc after $(( $(date +%s) - start )) s"
 exit "$rc"

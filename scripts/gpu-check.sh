@@ -19,7 +19,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 py="${PYTHON:-python3}"
 "$py" -m vramgate hardware | tee "$out/hardware.txt"
-read -r key tier < <("$py" -c 'from vramgate.hardware import detect; fp = detect(); print(fp.key, fp.tier)')
+read -r key tier < <("$py" -c 'from vramgate.machine.hardware import detect; fp = detect(); print(fp.key, fp.tier)')
 suites=(suites/attention suites/stream_priority suites/cuda_graphs suites/moe)
 start=$(date +%s)
 timeout --signal=INT --kill-after=20 480 \

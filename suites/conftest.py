@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere
-from vramgate.models import ModelShape, load_model
-from vramgate.simulate import SimResult, simulate
+from vramgate.engine.runner import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere
+from vramgate.models.config import ModelShape, load_model
+from vramgate.sim.simulate import SimResult, simulate
 from vramgate.workloads import Workload
 
 
@@ -82,7 +82,7 @@ class Engine:
 
 @pytest.fixture(scope="session")
 def engine(vllm_env: Path, project_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    """Run vLLM's offline engine on an :class:`~vramgate.engine.EngineSpec`: ``engine.run(spec)``.
+    """Run vLLM's offline engine on an :class:`~vramgate.engine.runner.EngineSpec`: ``engine.run(spec)``.
 
     Each distinct spec runs once per session, in a subprocess, with its files in
     this session's temporary folder.

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from patch_support import ORIGINAL
-from vramgate import patches
+from vramgate.profiles import manifest as patches
 
 pytest_plugins = ["pytester"]
 

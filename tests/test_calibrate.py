@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.calibrate import (
+from vramgate.engine.paired import EngineServer, Round, paired_defaults, round_ratios, round_stat
+from vramgate.engine.runner import EngineError, EngineSpec
+from vramgate.tools.calibration.engine_latency import (
     PLANTED_EXACT,
     Rate,
     Trial,
@@ -20,8 +22,6 @@ from vramgate.calibrate import (
     run_exact,
     sweep,
 )
-from vramgate.engine import EngineError, EngineSpec
-from vramgate.paired import EngineServer, Round, paired_defaults, round_ratios, round_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,7 +129,7 @@ def test_round_ratios_and_stats() -> None:
 
 
 def _descendants() -> set[int]:
-    from vramgate.probes.cpu import children
+    from vramgate.machine.probes.cpu import children
 
     return set(children(os.getpid()))
 
@@ -147,8 +147,8 @@ def test_engine_server_that_dies_at_start_fails_with_its_log_and_leaves_nothing(
 
 
 def test_record_paired_fails_a_candidate_slower_than_its_reference_in_the_same_run() -> None:
-    from vramgate.checks import check_budget
-    from vramgate.gate import Gate
+    from vramgate.core.checks import check_budget
+    from vramgate.pytest_plugin.fixture import Gate
 
     rng = random.Random(7)
     reference = [rng.lognormvariate(0, 0.02) for _ in range(10)]
@@ -169,7 +169,7 @@ def test_kernel_campaign_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     import json
 
-    from vramgate.kernel_calibrate import main
+    from vramgate.tools.calibration.kernel_latency import main
 
     assert main([str(tmp_path), "--device", "cpu", "--processes", "2", "--calls", "40", "--trial-samples", "20"]) == 0
     data = json.loads((tmp_path / "calibration.json").read_text())
@@ -181,7 +181,7 @@ def test_kernel_campaign_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
 
 
 def test_merge_campaigns_pools_pairs_and_refuses_mismatches() -> None:
-    from vramgate.calibrate import merge_campaigns
+    from vramgate.tools.calibration.engine_latency import merge_campaigns
 
     def campaign(pairs: int, spec: str = "s") -> dict[str, object]:
         raw = {"unchanged": [{"a_tpot": [1.0], "b_tpot": [1.0]}] * pairs}

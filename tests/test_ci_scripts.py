@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vramgate import hardware
-from vramgate.cli import main as cli_main
-from vramgate.gpuclean import GpuProcess, ancestors, end, stray
+from vramgate.machine import hardware
+from vramgate.machine.gpu_processes import GpuProcess, ancestors, end, stray
+from vramgate.tools.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_end_terminates_then_kills() -> None:
 
 
 def test_gpu_cleanup_without_processes(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("vramgate.gpuclean.gpu_processes", lambda: [])
+    monkeypatch.setattr("vramgate.machine.gpu_processes.gpu_processes", lambda: [])
     assert cli_main(["gpu-cleanup"]) == 0
     assert "nothing to do" in capsys.readouterr().out
 
@@ -160,8 +160,8 @@ def test_no_job_output_goes_unread() -> None:
 
 def test_a_reused_pid_is_not_signalled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Between the listing and the signal the process ended and its pid went to another: left alone."""
-    from vramgate import gpuclean
-    from vramgate.probes.cpu import ProcStat
+    from vramgate.machine import gpu_processes as gpuclean
+    from vramgate.machine.probes.cpu import ProcStat
 
     starts = iter([100, 999, 999])  # seen at 100, then the pid names a process started at 999
     monkeypatch.setattr(gpuclean, "proc_stat", lambda pid: ProcStat(pid, 1, "S", next(starts, 999)))
@@ -172,7 +172,7 @@ def test_a_reused_pid_is_not_signalled(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_children_are_found_through_parents() -> None:
-    from vramgate.probes.cpu import children, proc_stat
+    from vramgate.machine.probes.cpu import children, proc_stat
 
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)']); time.sleep(5)"])

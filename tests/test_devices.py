@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from vramgate import gpuclean, hardware
-from vramgate.probes import devices, gpu_state, nvml
-from vramgate.probes.devices import Physical, resolve
+from vramgate.machine import devices, hardware
+from vramgate.machine import gpu_processes as gpuclean
+from vramgate.machine.devices import Physical, resolve
+from vramgate.machine.probes import gpu_state, nvml
 
 GIB = 2**30
 
@@ -125,7 +126,7 @@ def test_invalid_entry_stops_the_list(host: Any, monkeypatch: pytest.MonkeyPatch
 
 
 def test_hygiene_and_cleanup_see_only_this_jobs_gpus(host: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vramgate.plugin import device_readings
+    from vramgate.pytest_plugin.plugin import device_readings
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     readings = device_readings()

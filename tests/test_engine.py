@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
+from vramgate.engine.runner import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,25 +60,26 @@ def _workers() -> list[int]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"vramgate.engine_worker" in cmd and b"fake-worker" in cmd:
+            if b"vramgate.engine.worker" in cmd and b"fake-worker" in cmd:
                 out.append(int(pid))
     return out
 
 
 @pytest.fixture
 def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in ``vramgate.engine_worker`` on PYTHONPATH whose behaviour the test chooses."""
-    pkg = tmp_path / "fake-worker" / "vramgate"
+    """A stand-in ``vramgate.engine.worker`` on PYTHONPATH whose behaviour the test chooses."""
+    pkg = tmp_path / "fake-worker" / "vramgate" / "engine"
     pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    monkeypatch.setattr("vramgate.engine.validate", lambda spec, root, tier=None: None)
+    monkeypatch.setattr("vramgate.engine.runner.validate", lambda spec, root, tier=None: None)
     return pkg
 
 
 def _run(fake: Path, tmp_path: Path, code: str, timeout: float = 30) -> None:
-    (fake / "engine_worker.py").write_text(code)
+    (fake / "worker.py").write_text(code)
     spec = EngineSpec(model="tiny-llama", block_size=32, timeout_s=timeout)
-    run_engine(spec, ROOT, tmp_path / "run", extra_pythonpath=[fake.parent])
+    run_engine(spec, ROOT, tmp_path / "run", extra_pythonpath=[fake.parent.parent])
 
 
 def test_crash_carries_the_log_tail(fake_worker: Path, tmp_path: Path) -> None:
@@ -98,7 +99,7 @@ def test_killed_engine_is_reported_as_possible_oom(fake_worker: Path, tmp_path: 
 def test_timeout_kills_the_whole_process_group(fake_worker: Path, tmp_path: Path) -> None:
     code = (
         "import subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', 'vramgate.engine_worker', "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', 'vramgate.engine.worker', "
         "'fake-worker'])\n"
         "print('engine core started', flush=True); time.sleep(600)\n"
     )
@@ -126,9 +127,9 @@ def test_caches_and_temp_files_stay_in_the_run_folder(
         "json.dump({'spec': {}, 'versions': {}, 'device': 'cpu', 'kv': {}, 'memory': {}, 'scheduler': {},"
         " 'latency': {}, 'timing': {}, 'notes': [env]}, open(sys.argv[2], 'w'))\n"
     )
-    (fake_worker / "engine_worker.py").write_text(code)
+    (fake_worker / "worker.py").write_text(code)
     result = run_engine(EngineSpec(model="tiny-llama", block_size=32), ROOT, tmp_path / "run",
-                        extra_pythonpath=[fake_worker.parent])
+                        extra_pythonpath=[fake_worker.parent.parent])
     env = result.notes[0]
     run = str(tmp_path / "run")
     for key in ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "HF_HOME", "TMPDIR"):

@@ -29,13 +29,13 @@ from typing import Any
 import pytest
 
 from patch_support import tree_digest
-from vramgate import baselines, engine, patches, report
-from vramgate.baselines import DirectoryStorage, NodeBaseline, Provenance
-from vramgate.engine import EngineError, EngineSpec, run_engine
-from vramgate.gpuclean import alive
-from vramgate.metrics import Metric
-from vramgate.patches import PatchError, ProfileError, build_overlay, load_profile
-from vramgate.plugin import (
+from vramgate.core.metrics import Metric
+from vramgate.engine import runner as engine
+from vramgate.engine.runner import EngineError, EngineSpec, run_engine
+from vramgate.machine.gpu_processes import alive
+from vramgate.profiles import manifest as patches
+from vramgate.profiles.manifest import PatchError, ProfileError, build_overlay, load_profile
+from vramgate.pytest_plugin.plugin import (
     NVML_LEAK_TOLERANCE,
     PROCESS_TREE_TOLERANCE,
     DeviceReading,
@@ -43,6 +43,9 @@ from vramgate.plugin import (
     device_leaks,
     tree_leak,
 )
+from vramgate.report import render as report
+from vramgate.store import baselines
+from vramgate.store.baselines import DirectoryStorage, NodeBaseline, Provenance
 
 try:  # An in-process pytester run unloads what it imported, and numpy cannot be loaded twice: load it first.
     import matplotlib
@@ -457,9 +460,10 @@ def test_two_runs_building_the_same_overlay(installed: Path, tmp_path: Path, mon
 
 @pytest.fixture
 def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in ``vramgate.engine_worker`` first on the engine's PYTHONPATH; the test writes its code."""
-    pkg = tmp_path / "fake-worker" / "vramgate"
+    """A stand-in ``vramgate.engine.worker`` first on the engine's PYTHONPATH; the test writes its code."""
+    pkg = tmp_path / "fake-worker" / "vramgate" / "engine"
     pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     monkeypatch.setattr(engine, "validate", lambda spec, root, tier=None: None)
     monkeypatch.setattr(engine, "KILL_GRACE_S", 1.0)
@@ -467,9 +471,9 @@ def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_fake(fake: Path, tmp_path: Path, code: str, **spec: Any) -> engine.EngineResult:
-    (fake / "engine_worker.py").write_text(textwrap.dedent(code))
+    (fake / "worker.py").write_text(textwrap.dedent(code))
     return run_engine(EngineSpec(model="tiny-llama", block_size=32, **spec), ROOT, tmp_path / "run",
-                      extra_pythonpath=[fake.parent])
+                      extra_pythonpath=[fake.parent.parent])
 
 
 #: A worker that starts an "engine core" child, records both pids, says it is up, then waits.
@@ -748,7 +752,7 @@ def test_tree_leak_names_the_process_that_grew() -> None:
 FAKE_NVML_SUITE = '''
 import os
 import pytest
-from vramgate import plugin
+from vramgate.pytest_plugin import plugin
 
 HELD = {}
 
@@ -845,7 +849,7 @@ def test_hygiene_sees_device_memory_of_an_escaped_process(
 
 
 def _wait_until_nvml_drops(pid: int, timeout: float = 20.0) -> None:
-    from vramgate.probes.nvml import read_device
+    from vramgate.machine.probes.nvml import read_device
 
     deadline = time.monotonic() + timeout
     while pid in read_device(0).processes and time.monotonic() < deadline:

@@ -14,9 +14,9 @@ NODE = "test_guard.py::test_measure"
 TEST_FILE = """
 import os
 
-from vramgate.probes import gpu_state
-from vramgate.probes.gpu_state import GPUState
-from vramgate.probes.nvml import NVMLUnavailable
+from vramgate.machine.probes import gpu_state
+from vramgate.machine.probes.gpu_state import GPUState
+from vramgate.machine.probes.nvml import NVMLUnavailable
 
 STATES = {
     "clean": (("gpu idle",), {os.getpid(): 1}),
@@ -137,9 +137,9 @@ def test_clean_gpu_passes_and_records(guarded: pytest.Pytester, monkeypatch: pyt
 DEFAULT_GUARD_CONFTEST = """
 import os
 
-from vramgate import hardware
-from vramgate.probes import gpu_state
-from vramgate.probes.gpu_state import GPUState
+from vramgate.machine import hardware
+from vramgate.machine.probes import gpu_state
+from vramgate.machine.probes.gpu_state import GPUState
 
 hardware.probe_gpus = lambda: ((hardware.GPUInfo("Faked GPU", 80 * 10**9, (9, 0)),), "580.0", "13.0")
 

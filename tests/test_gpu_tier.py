@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from vramgate import hardware
-from vramgate.engine import EngineSpec, engine_env
-from vramgate.engine_worker import (
+from vramgate.engine.runner import EngineSpec, engine_env
+from vramgate.engine.worker import (
     GPU_HEADROOM_BYTES,
     GPU_UTILIZATION_MAX,
     _worker_allocator,
     gpu_utilization,
     llm_kwargs,
 )
-from vramgate.install import gpu_torch_problem
-from vramgate.patches import find_profile, unmet_here
-from vramgate.simulate import settings_of_engine
+from vramgate.machine import hardware
+from vramgate.profiles.manifest import find_profile, unmet_here
+from vramgate.sim.simulate import settings_of_engine
+from vramgate.tools.install import gpu_torch_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -103,7 +103,7 @@ def test_flashmla_needs_a_hopper_or_blackwell_gpu(
 def test_a_profile_needing_gpus_runs_where_they_are(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import dataclasses
 
-    from vramgate.patches import Requirements
+    from vramgate.profiles.manifest import Requirements
 
     profile = dataclasses.replace(find_profile(ROOT, "attention-triton-mla"),
                                   requires=Requirements(device="cuda", gpus=2))

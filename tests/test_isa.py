@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vramgate import hardware
-from vramgate.engine import EngineSpec, SpecError, UnsupportedHere, kernel_problem, validate
-from vramgate.probes import isa
+from vramgate.engine.runner import EngineSpec, SpecError, UnsupportedHere, kernel_problem, validate
+from vramgate.machine import hardware, isa
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Flags as /proc/cpuinfo lists them (abridged): an AVX2-only EPYC (family 23) and an AVX-512 EPYC with BF16.

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from vramgate.attention import (
+from vramgate.machine.probes.cpu import pin_mmap_threshold
+from vramgate.machine.probes.gpu_state import DISTRUSTED_REASONS, REASONS, GPUState, problems, reason_names
+from vramgate.models.attention import (
     CUDA_MIN_BLOCK,
     TORCH_FLASH_EXTRA,
     AttentionShape,
@@ -18,9 +20,7 @@ from vramgate.attention import (
     peak_memory_bandwidth,
     torch_flash_transient_bytes,
 )
-from vramgate.moe import GATHER_BLOCK, MoEShape, reference_overhead_bound, workspace_bytes
-from vramgate.probes.cpu import pin_mmap_threshold
-from vramgate.probes.gpu_state import DISTRUSTED_REASONS, REASONS, GPUState, problems, reason_names
+from vramgate.models.moe import GATHER_BLOCK, MoEShape, reference_overhead_bound, workspace_bytes
 
 H200_SMS = 132
 MIB = 2**20

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from patch_support import tree_digest
-from vramgate import patches
-from vramgate.cli import main as cli_main
-from vramgate.patches import PatchError, ProfileError, build_overlay, load_profile, parse_diff
+from vramgate.profiles import manifest as patches
+from vramgate.profiles.manifest import PatchError, ProfileError, build_overlay, load_profile, parse_diff
+from vramgate.tools.cli import main as cli_main
 
 GOOD_DIFF = """--- a/fakepkg/sched.py
 +++ b/fakepkg/sched.py
@@ -151,8 +151,8 @@ def test_claims() -> None:
 
 
 def test_gate_records_a_profiles_claim_verdicts_and_refuses_unmeasured_metrics() -> None:
-    from vramgate.gate import Gate
-    from vramgate.patches import load_profile
+    from vramgate.profiles.manifest import load_profile
+    from vramgate.pytest_plugin.fixture import Gate
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "patches" / "kv-fp8")
     gate = Gate("t::x", "block_manager")
@@ -172,7 +172,7 @@ OTHER_DIFF = "\n".join(["--- a/fakepkg/sched.py", "+++ b/fakepkg/sched.py", "@@ 
 
 def test_a_diff_whose_lines_moved_applies_at_its_offset(installed: Path, tmp_path: Path) -> None:
     """A fork of the release with lines added above the hunk: git applies it at an offset, and says so."""
-    from vramgate.patches import patched_files
+    from vramgate.profiles.manifest import patched_files
 
     sched = installed / "sched.py"
     sched.write_text(sched.read_text().replace("def policy():", "# a fork's own\n# three lines\n# here\ndef policy():"))

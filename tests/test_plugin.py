@@ -299,7 +299,7 @@ def test_hardware_marks_skip_with_reasons_on_cpu(pytester: pytest.Pytester) -> N
 
 
 def test_no_hardware_probe_at_collection(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    import vramgate.hardware as hw
+    import vramgate.machine.hardware as hw
 
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("hardware probed during collection")
@@ -430,7 +430,7 @@ def test_merged_shard_reports_equal_the_unsharded_report(pytester: pytest.Pytest
 
 
 def test_merging_reports_of_different_hardware_is_refused(pytester: pytest.Pytester) -> None:
-    from vramgate.report import ReportError, merge_report_files
+    from vramgate.report.render import ReportError, merge_report_files
 
     pytester.makepyfile(test_kv=TEST_FILE)
     pytester.runpytest("--gate-hardware", "hw-a", "--gate-missing=skip", "--gate-report", "a")

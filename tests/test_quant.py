@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.cli import main
-from vramgate.patches import ProfileError, load_profile
-from vramgate.quant import (
+from vramgate.models.quant import (
     SCHEMES,
     QuantConfigError,
     checkpoint_tensors,
@@ -18,6 +16,8 @@ from vramgate.quant import (
     vllm_cpu_resident,
     weight_size,
 )
+from vramgate.profiles.manifest import ProfileError, load_profile
+from vramgate.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
@@ -159,7 +159,7 @@ def test_plan_command(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_awq_nibble_order_and_round_trip() -> None:
     torch = pytest.importorskip("torch")
-    from vramgate.quantpack import AWQ_ORDER, _pack_rows, _unpack_rows, dequantize, pack_awq, reference_weights
+    from vramgate.models.checkpoints import AWQ_ORDER, _pack_rows, _unpack_rows, dequantize, pack_awq, reference_weights
 
     values = torch.arange(16, dtype=torch.int32).reshape(2, 8) % 16
     packed = _pack_rows(values, AWQ_ORDER)
@@ -177,7 +177,7 @@ def test_awq_nibble_order_and_round_trip() -> None:
 
 def test_gptq_layout_and_grid() -> None:
     torch = pytest.importorskip("torch")
-    from vramgate.quantpack import dequantize, pack_gptq, reference_weights
+    from vramgate.models.checkpoints import dequantize, pack_gptq, reference_weights
 
     w = reference_weights(SMALL)["model.layers.0.self_attn.q_proj.weight"]
     t = pack_gptq(w, 128)
@@ -191,7 +191,7 @@ def test_gptq_layout_and_grid() -> None:
 def test_w4a16_matches_symmetric_rtn() -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("compressed_tensors")
-    from vramgate.quantpack import dequantize, pack_w4a16, reference_weights
+    from vramgate.models.checkpoints import dequantize, pack_w4a16, reference_weights
 
     w = reference_weights(SMALL)["model.layers.0.mlp.up_proj.weight"]
     t = pack_w4a16(w, 128)
@@ -206,7 +206,7 @@ def test_w4a16_matches_symmetric_rtn() -> None:
 def test_written_checkpoint_matches_size_model(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("safetensors")
-    from vramgate.quantpack import write_checkpoint
+    from vramgate.models.checkpoints import write_checkpoint
 
     for scheme in ("bf16", "awq", "gptq"):
         ck = write_checkpoint(SMALL, scheme, tmp_path / scheme)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.checks import check_baseline
-from vramgate.metrics import Metric, default_scope, worse_change
+from vramgate.core.checks import check_baseline
+from vramgate.core.metrics import Metric, default_scope, worse_change
 
 TEST_FILE = """
 import os

@@ -7,7 +7,7 @@ from itertools import combinations
 
 import pytest
 
-from vramgate.stats import DEFAULT_SAMPLES, compare_samples, mann_whitney_greater
+from vramgate.core.stats import DEFAULT_SAMPLES, compare_samples, mann_whitney_greater
 
 
 def brute_force_p(x: list[float], y: list[float]) -> float:

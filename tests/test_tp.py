@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from vramgate import tp
-from vramgate.gpuclean import alive
-from vramgate.tp import (
+from vramgate.machine.gpu_processes import alive
+from vramgate.tp import launcher as tp
+from vramgate.tp.launcher import (
     Launcher,
     MLPShape,
     RankResult,
@@ -91,7 +91,7 @@ def test_rank_env() -> None:
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
     assert env["OMP_NUM_THREADS"] == "1" and env["PATH"] == "/bin"
     assert env["PYTHONPATH"].endswith(os.pathsep + "elsewhere")
-    assert Path(env["PYTHONPATH"].split(os.pathsep)[0], "vramgate", "tp.py").is_file()
+    assert Path(env["PYTHONPATH"].split(os.pathsep)[0], "vramgate", "tp", "launcher.py").is_file()
     assert "OMP_NUM_THREADS" not in rank_env({}, rank=0, world_size=2, port=1, device="cuda")
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import vramgate
-from vramgate import hardware
-from vramgate.baselines import DirectoryStorage, NodeBaseline, Provenance, parse_baseline
-from vramgate.checks import check_baseline, check_budget
-from vramgate.cli import main as cli_main
-from vramgate.metrics import Metric, format_value, relative_change
-from vramgate.models import ModelConfigError, load_model
+from vramgate.core.checks import check_baseline, check_budget
+from vramgate.core.metrics import Metric, format_value, relative_change
+from vramgate.machine import hardware
+from vramgate.models.config import ModelConfigError, load_model
+from vramgate.store.baselines import DirectoryStorage, NodeBaseline, Provenance, parse_baseline
+from vramgate.tools.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ def test_pins_agree_with_the_package_extras() -> None:
 
 
 def test_peak_rss_probe_sees_an_allocation() -> None:
-    from vramgate.probes.cpu import PeakRSS
+    from vramgate.machine.probes.cpu import PeakRSS
 
     with PeakRSS() as probe:
         block = bytearray(200 * 2**20)
@@ -164,7 +164,7 @@ def test_peak_rss_probe_sees_an_allocation() -> None:
 
 
 def test_allocator_stats_from_memory_stats() -> None:
-    from vramgate.probes.cuda import AllocatorStats
+    from vramgate.machine.probes.cuda import AllocatorStats
 
     stats = AllocatorStats.from_memory_stats({
         "allocated_bytes.all.current": 10, "allocated_bytes.all.peak": 30, "reserved_bytes.all.current": 40,
@@ -176,7 +176,7 @@ def test_allocator_stats_from_memory_stats() -> None:
 
 
 def test_cpu_timer_returns_seconds_per_call() -> None:
-    from vramgate.probes.timers import time_cpu
+    from vramgate.machine.probes.timers import time_cpu
 
     calls = []
     samples = time_cpu(lambda: calls.append(1), samples=5, warmup=1, inner=3)

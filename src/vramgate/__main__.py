@@ -1,3 +1,3 @@
-from vramgate.cli import main
+from vramgate.tools.cli import main
 
 raise SystemExit(main())

@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
-from vramgate.attention import AttentionShape
-from vramgate.gate import Gate
+from vramgate.models.attention import AttentionShape
+from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 
@@ -40,9 +40,9 @@ def test_flash_attention_latency(gate: Gate, case: str) -> None:
     """Latency of torch's flash SDPA backend; decode cases also record bandwidth as a fraction of peak."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from vramgate.probes.gpu_state import memory_bandwidth_peak
-    from vramgate.probes.nvml import NVMLUnavailable
-    from vramgate.probes.timers import time_cuda
+    from vramgate.machine.probes.gpu_state import memory_bandwidth_peak
+    from vramgate.machine.probes.nvml import NVMLUnavailable
+    from vramgate.machine.probes.timers import time_cuda
 
     shape = CASES[case]
     gen = torch.Generator(device="cuda").manual_seed(0)

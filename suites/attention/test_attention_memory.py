@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.attention import TORCH_FLASH_EXTRA, AttentionShape, explain_splits, torch_flash_transient_bytes
-from vramgate.gate import Gate
-from vramgate.probes.cpu import PeakRSS
+from vramgate.machine.probes.cpu import PeakRSS
+from vramgate.models.attention import TORCH_FLASH_EXTRA, AttentionShape, explain_splits, torch_flash_transient_bytes
+from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 
@@ -66,7 +66,7 @@ def run_sdpa(q: object, k: object, v: object, backend: str, gqa: bool) -> object
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_attention_transient(gate: Gate, backend: str, ratio: int, kind: str) -> None:
     """Allocator peak of one SDPA call minus its inputs, per backend, GQA ratio and phase."""
-    from vramgate.probes.cuda import CudaRegion
+    from vramgate.machine.probes.cuda import CudaRegion
 
     shape = shape_for(kind, ratio)
     q, k, v = make_inputs(shape, "cuda", torch.bfloat16)

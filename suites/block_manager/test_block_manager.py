@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import EngineSpec, cpu_backend_problem, engine_tier
-from vramgate.gate import Gate
-from vramgate.patches import Profile, find_profile, profiles_for_suite, unmet_here
+from vramgate.engine.runner import EngineSpec, cpu_backend_problem, engine_tier
+from vramgate.profiles.manifest import Profile, find_profile, profiles_for_suite, unmet_here
+from vramgate.pytest_plugin.fixture import Gate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = [pytest.param("baseline", id="baseline")] + [

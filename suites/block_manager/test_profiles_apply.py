@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.patches import PatchError, build_overlay, check, installed_target, load_profile, load_profiles
+from vramgate.profiles.manifest import PatchError, build_overlay, check, installed_target, load_profile, load_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_profile_applies(vllm_env: Path, name: str) -> None:
 def test_backend_profiles_fit_their_backend(vllm_env: Path, name: str) -> None:
     """On a GPU its [requires] admits, the profile's engine arguments pass vLLM 0.32.0's backend checks; on one
     it does not admit, vLLM's class says why (the gate skips with that reason instead of crashing at start)."""
-    from vramgate.engine import EngineSpec, backend_problem
+    from vramgate.engine.runner import EngineSpec, backend_problem
 
     profile = load_profile(ROOT / "patches" / name)
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
@@ -45,7 +45,7 @@ def test_backend_profiles_fit_their_backend(vllm_env: Path, name: str) -> None:
 
 
 def test_backend_block_size_is_checked(vllm_env: Path) -> None:
-    from vramgate.engine import EngineSpec, backend_problem
+    from vramgate.engine.runner import EngineSpec, backend_problem
 
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
                       attention_backend="FLASHMLA")

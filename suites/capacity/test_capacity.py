@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine import engine_tier
-from vramgate.gate import Gate
+from vramgate.engine.runner import engine_tier
+from vramgate.pytest_plugin.fixture import Gate
 
 #: Block sizes each backend runs: vLLM's CPU attention needs multiples of 32 and its CPU MLA runs 16 only.
 CASES = {

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from vramgate.gate import Gate
+from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 
@@ -91,7 +91,7 @@ def step() -> DecodeStep:
 
 
 def _device_used() -> int | None:
-    from vramgate.probes.nvml import NVMLUnavailable, read_device
+    from vramgate.machine.probes.nvml import NVMLUnavailable, read_device
 
     try:
         return read_device(0).used_bytes
@@ -131,7 +131,7 @@ def test_capture_memory(gate: Gate, step: DecodeStep, pool: str) -> None:
 
 def test_replay_dynamic_batch_peak(gate: Gate, step: DecodeStep) -> None:
     """Memory while replaying a seeded stream of batch sizes 1..512, against the memory the captures took."""
-    from vramgate.probes.cuda import CudaRegion
+    from vramgate.machine.probes.cuda import CudaRegion
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -34,10 +34,10 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import KV_TOO_SMALL, EngineError, EngineSpec, SpecError, kv_need, run_engine, validate
-from vramgate.gpuclean import alive
-from vramgate.plugin import SESSION_NAME
-from vramgate.probes.cpu import children, rss_bytes
+from vramgate.engine.runner import KV_TOO_SMALL, EngineError, EngineSpec, SpecError, kv_need, run_engine, validate
+from vramgate.machine.gpu_processes import alive
+from vramgate.machine.probes.cpu import children, rss_bytes
+from vramgate.pytest_plugin.plugin import SESSION_NAME
 
 MODEL = "tiny-llama"
 #: 2,048 tokens of tiny-llama need 2,129,920 B of KV (1 KiB per token, one null block); vLLM gets 512 KiB.

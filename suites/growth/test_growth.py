@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from vramgate.gate import Gate
+from vramgate.pytest_plugin.fixture import Gate
 from vramgate.workloads import RequestSpec, Workload
 
 MODEL = ["deepseek-v2-lite", "llama-3.1-8b"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.gate import Gate
-from vramgate.models import ModelShape
+from vramgate.models.config import ModelShape
+from vramgate.pytest_plugin.fixture import Gate
 
 MODEL = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
 BLOCK_SIZE = [16, 64, 128]
@@ -32,7 +32,7 @@ CASES = [
 def test_kv_page_and_capacity(
     gate: Gate, vllm_env: Path, model_shape, model: str, block_size: int, kv_cache_dtype: str
 ) -> None:
-    from vramgate.vllm_kv import vllm_kv_layout
+    from vramgate.models.vllm_kv import vllm_kv_layout
 
     shape: ModelShape = model_shape(model)
     layout = vllm_kv_layout(
@@ -59,7 +59,7 @@ def test_kv_page_and_capacity(
 @pytest.mark.parametrize("model", MODEL)
 def test_bytes_per_token_do_not_depend_on_block_size(vllm_env: Path, model_shape, model: str) -> None:
     """The article's table has block size 16 vs 32 change peak memory; per-token KV bytes cannot."""
-    from vramgate.vllm_kv import vllm_kv_layout
+    from vramgate.models.vllm_kv import vllm_kv_layout
 
     per_token = {
         bs: vllm_kv_layout(model_shape.path(model), block_size=bs).page_bytes // bs for bs in BLOCK_SIZE
@@ -75,7 +75,7 @@ def test_article_alignment_claim(gate: Gate, vllm_env: Path) -> None:
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    from vramgate.provenance import software_versions
+    from vramgate.machine.software import software_versions
 
     block = 16
     spec = FullAttentionSpec(block_size=block, num_kv_heads=ARTICLE_HEADS, head_size=ARTICLE_HEAD_DIM,

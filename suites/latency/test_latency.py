@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine import engine_tier
-from vramgate.gate import Gate
+from vramgate.engine.runner import engine_tier
+from vramgate.pytest_plugin.fixture import Gate
 
 MODEL = ["tiny-llama", "tiny-deepseek-v2"]
 #: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in

@@ -1,6 +1,6 @@
 """Latency of each engine profile against the unpatched engine, paired A/B in one run.
 
-Note [paired latency] in ``vramgate.paired``: both engines are up at once and
+Note [paired latency] in ``vramgate.engine.paired``: both engines are up at once and
 take turns on the same workload, so the per-round ratio profile / unpatched
 cancels the machine's drift. The ratios are a measured metric: they regress
 against the stored baseline when their median grows by more than the paired
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import cpu_backend_problem, engine_tier, kernel_problem
-from vramgate.gate import Gate
-from vramgate.paired import PairedEngines, paired_defaults
-from vramgate.patches import find_profile, profiles_for_suite, unmet_here
+from vramgate.engine.paired import PairedEngines, paired_defaults
+from vramgate.engine.runner import cpu_backend_problem, engine_tier, kernel_problem
+from vramgate.profiles.manifest import find_profile, profiles_for_suite, unmet_here
+from vramgate.pytest_plugin.fixture import Gate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "block_manager")]
@@ -27,7 +27,7 @@ PROFILE = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "bl
 @pytest.mark.parametrize("profile", PROFILE)
 def test_profile_latency_ratio(gate: Gate, vllm_env: Path, model_shape, tmp_path: Path, profile: str) -> None:
     """Per-round median engine step of the profile over the unpatched engine's, on the calibration workload."""
-    from vramgate.calibrate import latency_spec
+    from vramgate.tools.calibration.engine_latency import latency_spec
 
     prof = find_profile(ROOT, profile)
     tier = engine_tier()

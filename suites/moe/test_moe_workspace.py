@@ -3,7 +3,7 @@
 The article claims a FlashAttention-2 patch that skips non-activated experts
 cuts memory from 1.89 GB to 0.24 GB. Attention kernels never touch experts,
 and vLLM's fused MoE already gives memory only to routed (token, expert)
-pairs. Measured here with :func:`vramgate.moe.reference_moe`, which allocates
+pairs. Measured here with :func:`vramgate.models.moe.reference_moe`, which allocates
 vLLM 0.32.0's two workspace buffers: its peak against vLLM's analytic size,
 over tokens and token chunks, uniform vs skewed routing, and expert counts;
 and a plain per-expert loop, whose memory does follow the hottest expert.
@@ -18,8 +18,8 @@ from dataclasses import replace
 
 import pytest
 
-from vramgate.gate import Gate
-from vramgate.moe import MoEShape, expert_load, make_weights, naive_moe, reference_moe, route, workspace_bytes
+from vramgate.models.moe import MoEShape, expert_load, make_weights, naive_moe, reference_moe, route, workspace_bytes
+from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 
@@ -35,7 +35,7 @@ CPU_BYTES_TOLERANCE = {"cuda": 0.0, "cpu": 0.3}
 @pytest.fixture(autouse=True)
 def _visible_cpu_buffers() -> None:
     """Large CPU buffers get their own mappings from the first allocation on (see ``pin_mmap_threshold``)."""
-    from vramgate.probes.cpu import pin_mmap_threshold
+    from vramgate.machine.probes.cpu import pin_mmap_threshold
 
     pin_mmap_threshold()
 
@@ -47,12 +47,12 @@ def dtype_of(device: str) -> object:
 def peak_delta(device: str, fn: Callable[[], object]) -> int:
     """Bytes *fn* needed at its peak beyond what was allocated when it started."""
     if device == "cuda":
-        from vramgate.probes.cuda import CudaRegion
+        from vramgate.machine.probes.cuda import CudaRegion
 
         with CudaRegion() as region:
             fn()
         return region.peak_delta_bytes
-    from vramgate.probes.cpu import PeakRSS, pin_mmap_threshold
+    from vramgate.machine.probes.cpu import PeakRSS, pin_mmap_threshold
 
     if not pin_mmap_threshold():
         pytest.skip("needs glibc's mallopt to make large CPU buffers visible in peak RSS")
@@ -94,7 +94,7 @@ class Layer:
 
 def within(measured: int, analytic: int, shape: MoEShape, tokens: int, dtype_bytes: int,
            chunk: int | None = None, device: str = "cuda") -> None:
-    from vramgate.moe import reference_overhead_bound
+    from vramgate.models.moe import reference_overhead_bound
 
     bound = reference_overhead_bound(shape, tokens, dtype_bytes, chunk)
     # On CPU the RSS is a page-level view (the kernel batches its counters per thread, the heap keeps

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine import EngineSpec
-from vramgate.gate import Gate
-from vramgate.simulate import settings_of_engine
+from vramgate.engine.runner import EngineSpec
+from vramgate.pytest_plugin.fixture import Gate
+from vramgate.sim.simulate import settings_of_engine
 from vramgate.workloads import build
 
 #: KV pool of the simulated run: 2,048 blocks of 16 tokens (32k tokens) for up to 256 sequences.

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import EngineResult, EngineSpec, engine_tier
-from vramgate.gate import Gate
-from vramgate.patches import Profile, find_profile
-from vramgate.quant import load_config
+from vramgate.engine.runner import EngineResult, EngineSpec, engine_tier
+from vramgate.models.quant import load_config
+from vramgate.profiles.manifest import Profile, find_profile
+from vramgate.pytest_plugin.fixture import Gate
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
@@ -48,8 +48,8 @@ class Checkpoints:
         self._made: dict[tuple[str, int], Any] = {}
 
     def get(self, scheme: str, group_size: int = 128) -> Any:
-        """The :class:`~vramgate.quantpack.Checkpoint` of *scheme* (``bf16``, ``awq``, ``gptq``, ``w4a16``)."""
-        from vramgate.quantpack import write_checkpoint
+        """The :class:`~vramgate.models.checkpoints.Checkpoint` of *scheme* (``bf16``, ``awq``, ``gptq``, ``w4a16``)."""
+        from vramgate.models.checkpoints import write_checkpoint
 
         key = (scheme, group_size)
         if scheme == "w4a16":

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import engine_tier
-from vramgate.gate import Gate
-from vramgate.patches import profiles_for_suite
-from vramgate.quant import kv_gain_tokens, layout
+from vramgate.engine.runner import engine_tier
+from vramgate.models.quant import kv_gain_tokens, layout
+from vramgate.profiles.manifest import profiles_for_suite
+from vramgate.pytest_plugin.fixture import Gate
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "quantization")]

@@ -7,7 +7,7 @@ parameters, takes the checkpoint's tensors as vLLM's loader would, repacks
 them (``process_weights_after_loading``) and runs its kernel
 (``CPUWNA16LinearKernel`` on CPU) on a seeded bf16 input. The reference is the
 same input times the weight dequantized from the stored tensors in fp32
-(:func:`vramgate.quantpack.dequantize`, written from the formats, not from
+(:func:`vramgate.models.checkpoints.dequantize`, written from the formats, not from
 vLLM).
 
 Tolerance: relative error (Frobenius norm of the difference over the
@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from vramgate.gate import Gate
-from vramgate.patches import find_profile, profiles_for_suite
-from vramgate.quant import layout
+from vramgate.models.quant import layout
+from vramgate.profiles.manifest import find_profile, profiles_for_suite
+from vramgate.pytest_plugin.fixture import Gate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "quantization")]
@@ -114,10 +114,10 @@ def test_quantized_linear_output(gate: Gate, checkpoints: Any, vllm_layers: None
     import torch
     from safetensors.torch import load_file
 
-    from vramgate.quantpack import dequantize, reference_weights
+    from vramgate.models.checkpoints import dequantize, reference_weights
 
     if device == "cpu":
-        from vramgate.probes import isa
+        from vramgate.machine import isa
 
         problem = isa.kernel_problem("wna16", isa.effective_isa())
         if problem:

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import engine_tier
-from vramgate.gate import Gate
-from vramgate.metrics import median
-from vramgate.patches import profiles_for_suite
+from vramgate.core.metrics import median
+from vramgate.engine.runner import engine_tier
+from vramgate.profiles.manifest import profiles_for_suite
+from vramgate.pytest_plugin.fixture import Gate
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = [pytest.param("bf16", id="bf16")] + [

@@ -1,7 +1,7 @@
 """Weight bytes of 4-bit checkpoints: analytic, on disk, and what vLLM keeps (CLAIMS.md item 10).
 
 The article: "AWQ/GPTQ 4-bit: 7B weights 13.8 GB -> 3.6 GB". The size model
-(:mod:`vramgate.quant`) counts every tensor of a checkpoint: packed int4
+(:mod:`vramgate.models.quant`) counts every tensor of a checkpoint: packed int4
 weights, 16-bit scales, packed zeros and ``g_idx`` where the format stores
 them, embeddings, LM head and norms in 16 bits. Here it is held against
 
@@ -12,7 +12,7 @@ them, embeddings, LM head and norms in 16 bits. Here it is held against
   from the safetensors header, equal to the model's;
 - what vLLM 0.32.0 holds as parameters after loading each of them, which
   differs from the checkpoint in ways the model explains to the byte
-  (Note [CPU resident weights] in :mod:`vramgate.quant`).
+  (Note [CPU resident weights] in :mod:`vramgate.models.quant`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import engine_tier
-from vramgate.gate import Gate
-from vramgate.patches import find_profile, profiles_for_suite
-from vramgate.quant import (
+from vramgate.engine.runner import engine_tier
+from vramgate.models.quant import (
     SCHEMES,
     checkpoint_tensors,
     format_bytes,
@@ -34,6 +32,8 @@ from vramgate.quant import (
     vllm_cpu_resident,
     weight_size,
 )
+from vramgate.profiles.manifest import find_profile, profiles_for_suite
+from vramgate.pytest_plugin.fixture import Gate
 
 #: Parameter counts as published: Llama's exactly (model cards / checkpoint index), DeepSeek's rounded
 #: (model cards: 15.7B, 236B, 671B without the multi-token-prediction module) with the relative slack they allow.
@@ -167,7 +167,7 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: Any, name: str) -> None:
             reference_params = quant_runs.run("bf16").memory["parameter_bytes"]
             assert params < reference_params, f"{params:,} B quantized vs {reference_params:,} B bf16"
         return
-    from vramgate.probes import isa
+    from vramgate.machine import isa
 
     resident = vllm_cpu_resident(quant_runs.checkpoints.config, scheme, group, isa_class=isa.effective_isa())
     checkpoint = quant_runs.checkpoints.get(scheme, group).total_bytes

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vramgate.gate import Gate
-from vramgate.simulate import simulate
+from vramgate.pytest_plugin.fixture import Gate
+from vramgate.sim.simulate import simulate
 from vramgate.workloads import build
 
 

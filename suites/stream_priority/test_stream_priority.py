@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from vramgate.gate import Gate
+from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 

@@ -7,13 +7,13 @@ collective completes, and the transport may keep buffers of its own.
 
 Measured on a Megatron-style sequence-parallel MLP block (all-gather of the
 sequence shards, column-parallel gate/up, SiLU-and-multiply, row-parallel
-down, reduce-scatter) run as real process groups (:mod:`vramgate.tp`): gloo
+down, reduce-scatter) run as real process groups (:mod:`vramgate.tp.launcher`): gloo
 with 2 ranks on CPU, NCCL with 2/4/8 ranks on GPUs. Variants: blocking
 collectives (``sync``); the same collectives issued asynchronously and
 overlapped with the matmuls (``overlap``); on CUDA, torch's symmetric-memory
 ``fused_all_gather_matmul`` + ``fused_matmul_reduce_scatter`` (``fused``).
 Every variant holds the same full-length tensors (Note [equal tensors] in
-:mod:`vramgate.tp_worker`), so a memory difference comes from the collectives
+:mod:`vramgate.tp.worker`), so a memory difference comes from the collectives
 each variant issues and what they hold, not from smaller activations.
 
 Per rank: peak memory a step adds (CPU: peak RSS, gloo's buffers included;
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.gate import Gate
-from vramgate.gpuclean import alive
-from vramgate.metrics import median
-from vramgate.tp import (
+from vramgate.core.metrics import median
+from vramgate.machine.gpu_processes import alive
+from vramgate.pytest_plugin.fixture import Gate
+from vramgate.tp.launcher import (
     DTYPE_BYTES,
     Launcher,
     MLPShape,

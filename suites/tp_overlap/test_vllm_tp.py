@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import EngineResult, EngineSpec
-from vramgate.gate import Gate
-from vramgate.metrics import median
+from vramgate.core.metrics import median
+from vramgate.engine.runner import EngineResult, EngineSpec
+from vramgate.pytest_plugin.fixture import Gate
 
 MODEL = "llama-3.1-8b"
 BLOCK_SIZE = 16

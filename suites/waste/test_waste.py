@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from vramgate.gate import Gate
+from vramgate.pytest_plugin.fixture import Gate
 from vramgate.workloads import build
 
 BLOCK_SIZE = [16, 32, 64, 128]

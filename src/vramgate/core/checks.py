@@ -1,0 +1,104 @@
+"""Checks of one metric: against its budget, and against its baseline.
+
+Each check is a small pure function that returns what it found; the plugin
+collects the findings of a test and turns the failing ones into one message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from vramgate.core.metrics import Metric, format_change, relative_change, worse_change
+from vramgate.core.stats import DEFAULT_ALPHA, compare_samples
+from vramgate.store.baselines import Provenance
+
+Verdict = Literal[
+    "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted",
+    "no baselines",
+]
+
+#: Verdicts that fail a test (budget failures fail it too, whatever the verdict).
+FAILING: frozenset[str] = frozenset({"regressed", "missing", "incompatible", "untrusted"})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the gate concluded about one metric of one test."""
+
+    metric: Metric
+    verdict: Verdict
+    baseline: Metric | None = None
+    provenance: Provenance | None = None
+    change: float | None = None
+    budget: str | None = None
+    """Why the metric breaks its ceiling or floor, or None when within budget."""
+    detail: str = ""
+    """How the comparison was decided (tolerance, p-value)."""
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING or self.budget is not None
+
+
+def check_budget(metric: Metric) -> str | None:
+    """A message when *metric* is above its ceiling or below its floor, else None.
+
+    A paired metric (:class:`~vramgate.core.metrics.Paired`) also fails its budget
+    when the candidate side is worse than the reference side of the same run.
+    """
+    if metric.paired is not None:
+        pair = metric.paired
+        result = compare_samples(pair.reference, pair.candidate, better=metric.better, tolerance=pair.tolerance,
+                                 alpha=pair.alpha)
+        if result.regressed:
+            return (f"the candidate is worse than its reference in this run: median {result.candidate_median:.6g} vs "
+                    f"{result.baseline_median:.6g} ({format_change(result.change)}; tolerance {pair.tolerance:.1%}, "
+                    f"one-sided p = {result.p_worse:.2g})")
+    if metric.ceiling is not None and metric.value > metric.ceiling:
+        over = format_change(relative_change(metric.value, metric.ceiling))
+        return f"{metric.show()} is above its ceiling {metric.show(metric.ceiling)} ({over})"
+    if metric.floor is not None and metric.value < metric.floor:
+        under = format_change(relative_change(metric.value, metric.floor))
+        return f"{metric.show()} is below its floor {metric.show(metric.floor)} ({under})"
+    return None
+
+
+def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_ALPHA) -> tuple[Verdict, float, str]:
+    """Compare *metric* with its stored *baseline*: (verdict, relative change, how decided).
+
+    Exact metrics compare one-sided against the tolerance (default 0), in ratio
+    terms the same in both directions (:func:`~vramgate.core.metrics.worse_change`:
+    for ``better="higher"`` half the value is +100% worse). Measured
+    metrics follow Note [measured comparison] in :mod:`vramgate.core.stats`.
+    """
+    if baseline.unit != metric.unit or baseline.kind != metric.kind or baseline.better != metric.better:
+        return (
+            "incompatible",
+            0.0,
+            f"baseline is {baseline.kind}/{baseline.unit}/{baseline.better} is better, "
+            f"now {metric.kind}/{metric.unit}/{metric.better} is better: re-record it",
+        )
+    tol = metric.effective_tolerance
+    if metric.kind == "exact":
+        change = relative_change(metric.value, baseline.value)
+        worse = worse_change(metric.value, baseline.value, metric.better)
+        how = f"exact, {metric.better} is better, tolerance {tol:.2%}"
+        if metric.value == baseline.value:
+            return "ok", 0.0, how
+        if worse > tol:
+            return "regressed", change, how
+        if worse < 0:
+            return "improved", change, how
+        return "ok", change, how
+    result = compare_samples(baseline.samples, metric.samples, better=metric.better, tolerance=tol, alpha=alpha)
+    how = (
+        f"measured, median of {len(metric.samples)} vs {len(baseline.samples)} samples, "
+        f"{metric.better} is better, tolerance {tol:.2%}, "
+        f"Mann-Whitney p(worse)={result.p_worse:.2g}, alpha {alpha:g}"
+    )
+    if result.regressed:
+        return "regressed", result.change, how
+    if result.improved:
+        return "improved", result.change, how
+    return "ok", result.change, how

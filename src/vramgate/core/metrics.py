@@ -1,0 +1,277 @@
+"""Metrics: what a test records, in which unit, and which way is better.
+
+A :class:`Metric` is one named number (or a set of samples) recorded by a test
+through the ``gate`` fixture. Its *kind* decides how it is compared:
+
+``exact``
+    A deterministic figure from accounting (page bytes, KV capacity, blocks in
+    use, preemptions on a seeded trace). Compared one-sided with a tolerance
+    that defaults to zero: worse fails, better passes and is reported as a
+    ratchet opportunity.
+``measured``
+    A noisy figure (latency, device memory of nondeterministic kernels). Stored
+    with its samples; a regression needs both a change beyond the tolerance and
+    a statistically clear shift (see :mod:`vramgate.core.stats`).
+
+Its *scope* decides which machines it is compared on (Note [metric scope]):
+
+``portable``
+    A function of software and configuration only (vLLM's KV accounting, the
+    deterministic simulator and scheduler counts, analytic sizes, checkpoint
+    bytes). Stored under the tier's key (``cpu``, ``cuda``) and compared on
+    every machine of that tier.
+``machine``
+    Anything an ISA, a kernel choice or a device changes (timings, RSS,
+    allocator and NVML figures, bytes of weights that a kernel repacks).
+    Stored under the hardware key and compared only on machines of that key.
+
+The default follows the kind: ``exact`` metrics are portable, ``measured``
+ones (and paired ratios) machine-bound. A test overrides it with
+``scope="machine"`` for an exact figure that the machine decides, e.g. a
+peak resident size, or ``scope="portable"`` for a measured one that no
+machine changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Kind = Literal["exact", "measured"]
+Better = Literal["lower", "higher"]
+Scope = Literal["portable", "machine"]
+
+KINDS: tuple[Kind, ...] = ("exact", "measured")
+BETTER: tuple[Better, ...] = ("lower", "higher")
+SCOPES: tuple[Scope, ...] = ("portable", "machine")
+
+
+def default_scope(kind: Kind) -> Scope:
+    """The scope a metric of *kind* has unless its test says otherwise (see Note [metric scope])."""
+    return "portable" if kind == "exact" else "machine"
+
+#: Default relative tolerance of a measured metric (a 5% shift is noise).
+DEFAULT_MEASURED_TOLERANCE = 0.05
+
+
+def _fmt_number(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return f"{int(value):,}"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    if abs(value) >= 1:
+        return f"{value:.3f}".rstrip("0").rstrip(".")
+    return f"{value:.4g}"
+
+
+def _fmt_bytes(value: float) -> str:
+    sign = "-" if value < 0 else ""
+    v = abs(value)
+    if v < 1024:
+        return f"{sign}{int(v) if v == int(v) else round(v, 1)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        v /= 1024.0
+        if v < 1024 or unit == "TiB":
+            return f"{sign}{v:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _fmt_seconds(value: float) -> str:
+    sign = "-" if value < 0 else ""
+    v = abs(value)
+    if v == 0:
+        return "0 s"
+    for scale, unit in ((1e-6, "ns"), (1e-3, "µs"), (1.0, "ms")):
+        if v < scale:
+            return f"{sign}{v / scale * 1e3:.3g} {unit}"
+    return f"{sign}{v:.3g} s"
+
+
+def _fmt_ratio(value: float) -> str:
+    return f"{value:.4g} ({value * 100:.2f}%)"
+
+
+def _fmt_plain(suffix: str) -> Callable[[float], str]:
+    def fmt(value: float) -> str:
+        return f"{_fmt_number(value)} {suffix}".rstrip()
+
+    return fmt
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit a metric can carry, with its human formatting."""
+
+    name: str
+    description: str
+    format: Callable[[float], str]
+
+
+UNITS: dict[str, Unit] = {
+    u.name: u
+    for u in (
+        Unit("B", "bytes (shown as B, KiB, MiB, GiB)", _fmt_bytes),
+        Unit("s", "seconds (shown as ns, µs, ms, s)", _fmt_seconds),
+        Unit("ratio", "a dimensionless fraction (shown also as %)", _fmt_ratio),
+        Unit("count", "a count of things", _fmt_plain("")),
+        Unit("tokens", "tokens", _fmt_plain("tokens")),
+        Unit("blocks", "KV cache blocks", _fmt_plain("blocks")),
+        Unit("requests", "requests", _fmt_plain("requests")),
+        Unit("tokens/s", "throughput in tokens per second", _fmt_plain("tokens/s")),
+        Unit("requests/s", "throughput in requests per second", _fmt_plain("requests/s")),
+        Unit("B/s", "bandwidth in bytes per second", lambda v: _fmt_bytes(v) + "/s"),
+        Unit("tokens/GiB", "KV capacity: tokens per GiB of KV budget", _fmt_plain("tokens/GiB")),
+        Unit("B/token", "bytes per token", lambda v: _fmt_bytes(v) + "/token"),
+    )
+}
+
+
+def unit_of(name: str) -> Unit:
+    """The :class:`Unit` called *name*; a clear error for an unknown one."""
+    try:
+        return UNITS[name]
+    except KeyError:
+        raise ValueError(f"unknown unit {name!r}; accepted: {', '.join(sorted(UNITS))}") from None
+
+
+def format_value(value: float, unit: str, *, precise: bool = False) -> str:
+    """Format *value* for a human, in *unit* (``B`` becomes KiB/MiB/GiB, ...).
+
+    With ``precise``, byte counts of 1 KiB and more also show the exact count.
+    """
+    text = unit_of(unit).format(value)
+    if precise and unit == "B" and abs(value) >= 1024 and value == int(value):
+        return f"{int(value):,} B ({text})"
+    return text
+
+
+def worse_change(new: float, old: float, better: Better) -> float:
+    """How much worse *new* is than *old*, in ratio terms, the same in both directions (positive = worse).
+
+    Lower is better: ``new / old - 1``. Higher is better: ``old / new - 1``, so
+    half the throughput is +100% worse, as double the latency is; a tolerance
+    of 1.0 fails at half, never "at nothing". ``inf`` when the divisor is zero
+    and the other figure is not.
+    """
+    if better == "lower":
+        return relative_change(new, old)
+    return relative_change(old, new)
+
+
+def relative_change(new: float, old: float) -> float:
+    """``new / old - 1``; ``inf``/``-inf`` when *old* is zero and *new* is not."""
+    if old == 0:
+        return 0.0 if new == 0 else math.copysign(math.inf, new)
+    return new / old - 1.0
+
+
+def format_change(change: float) -> str:
+    if math.isinf(change):
+        return "+inf%" if change > 0 else "-inf%"
+    return f"{change * 100:+.2f}%"
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("median of no samples")
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The two sides of a paired measurement (reference and candidate, same session, same machine state).
+
+    The metric regresses within the session when the candidate is worse than
+    the reference by more than ``tolerance`` and a one-sided Mann-Whitney U
+    test is clear (the rule of :func:`vramgate.core.stats.compare_samples`).
+    """
+
+    reference: tuple[float, ...]
+    candidate: tuple[float, ...]
+    tolerance: float
+    alpha: float = 0.01
+
+
+@dataclass
+class Metric:
+    """One metric recorded by a test.
+
+    ``value`` is the figure compared against budgets and baselines; for a
+    measured metric it is the median of ``samples``. ``tolerance`` is relative
+    (0.02 = 2%); ``ceiling`` and ``floor`` are absolute budgets in ``unit``.
+    """
+
+    name: str
+    value: float
+    unit: str
+    kind: Kind = "exact"
+    better: Better = "lower"
+    ceiling: float | None = None
+    floor: float | None = None
+    tolerance: float | None = None
+    samples: list[float] = field(default_factory=list)
+    paired: Paired | None = None
+    """For a ratio from paired runs: both sides' samples, checked against each other in the same session."""
+    scope: Scope | None = None
+    """``portable`` or ``machine``; None takes the kind's default (see Note [metric scope])."""
+
+    def __post_init__(self) -> None:
+        where = f"metric {self.name!r}"
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"{where}: name must be a non-empty string")
+        unit_of(self.unit)
+        if self.kind not in KINDS:
+            raise ValueError(f"{where}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.better not in BETTER:
+            raise ValueError(f"{where}: better {self.better!r} is not one of {', '.join(BETTER)}")
+        if isinstance(self.value, bool) or not isinstance(self.value, int | float):
+            raise TypeError(f"{where}: value must be a number, got {type(self.value).__name__}")
+        if not math.isfinite(self.value):
+            raise ValueError(f"{where}: value must be finite, got {self.value}")
+        if self.tolerance is not None and (self.tolerance < 0 or not math.isfinite(self.tolerance)):
+            raise ValueError(f"{where}: tolerance must be a finite number >= 0, got {self.tolerance}")
+        if self.scope is not None and self.scope not in SCOPES:
+            raise ValueError(f"{where}: scope {self.scope!r} is not one of {', '.join(SCOPES)}")
+        if self.kind == "measured" and not self.samples:
+            raise ValueError(f"{where}: a measured metric needs samples (use gate.record_samples)")
+        if self.ceiling is not None and self.floor is not None and self.floor > self.ceiling:
+            raise ValueError(f"{where}: floor {self.floor} is above ceiling {self.ceiling}")
+        self.value = float(self.value) if isinstance(self.value, float) else self.value
+
+    @property
+    def effective_tolerance(self) -> float:
+        """The relative tolerance in force: the given one, else 0 (exact) or 5% (measured)."""
+        if self.tolerance is not None:
+            return self.tolerance
+        return 0.0 if self.kind == "exact" else DEFAULT_MEASURED_TOLERANCE
+
+    @property
+    def effective_scope(self) -> Scope:
+        """The scope in force: the given one, else the kind's default."""
+        return self.scope or default_scope(self.kind)
+
+    def show(self, value: float | None = None, *, precise: bool = False) -> str:
+        """Format *value* (default: this metric's value) in this metric's unit."""
+        return format_value(self.value if value is None else value, self.unit, precise=precise)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "value": self.value,
+            "unit": self.unit,
+            "kind": self.kind,
+            "better": self.better,
+            "tolerance": self.effective_tolerance,
+            "scope": self.effective_scope,
+        }
+        if self.ceiling is not None:
+            out["ceiling"] = self.ceiling
+        if self.floor is not None:
+            out["floor"] = self.floor
+        if self.samples:
+            out["samples"] = list(self.samples)
+        return out

@@ -1,0 +1,73 @@
+"""Device memory seen by the driver (NVML, ``nvidia-ml-py``): whole device and per process.
+
+NVML sees what the caching allocator does not: the CUDA context, NCCL buffers,
+cuBLAS workspaces, memory of other processes. ``pynvml`` is imported on use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class NVMLUnavailable(RuntimeError):
+    """NVML cannot be used here (no nvidia-ml-py, no driver, or no GPU)."""
+
+
+def _nvml() -> Any:
+    try:
+        import pynvml  # type: ignore[import-not-found,import-untyped]
+    except ImportError:
+        raise NVMLUnavailable("nvidia-ml-py is not installed (pip install nvidia-ml-py)") from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        raise NVMLUnavailable(f"NVML could not start: {exc}") from None
+    return pynvml
+
+
+def driver_cuda() -> str:
+    """The CUDA version the installed NVIDIA driver supports (``13.0``); :class:`NVMLUnavailable` without NVML."""
+    nvml = _nvml()
+    try:
+        v = int(nvml.nvmlSystemGetCudaDriverVersion())
+    finally:
+        nvml.nvmlShutdown()
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One NVML reading of one device."""
+
+    index: int
+    total_bytes: int
+    used_bytes: int
+    processes: dict[int, int]
+    """Used bytes per process id (NVML reports compute processes only)."""
+
+
+def read_device(index: int = 0) -> DeviceMemory:
+    """Read CUDA device *index*'s memory and its processes' usage now (``CUDA_VISIBLE_DEVICES`` applied)."""
+    from vramgate.machine import devices
+
+    nvml = _nvml()
+    try:
+        try:
+            handle = devices.handle(nvml, index)
+        except devices.NotVisible as exc:
+            raise NVMLUnavailable(str(exc)) from None
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        procs: dict[int, int] = {}
+        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            used = proc.usedGpuMemory
+            if used is not None:
+                procs[int(proc.pid)] = procs.get(int(proc.pid), 0) + int(used)
+        return DeviceMemory(index, int(info.total), int(info.used), procs)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def process_used_bytes(pid: int, index: int = 0) -> int:
+    """Device memory used by *pid* and its threads on device *index* (0 when it has none)."""
+    return read_device(index).processes.get(pid, 0)

@@ -1,0 +1,1 @@
+"""Optimization profiles: ``patches/<name>/manifest.toml`` and its ordered diffs against vLLM."""

@@ -1,0 +1,219 @@
+"""The ``gate`` fixture's object: what a test uses to record its metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vramgate.core.metrics import Better, Kind, Metric, Paired, Scope, median
+
+if TYPE_CHECKING:
+    from vramgate.profiles.manifest import Profile
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim a test settles by measurement, with its verdict and the numbers behind it."""
+
+    statement: str
+    held: bool
+    evidence: str
+    source: str = ""
+
+
+class Gate:
+    """Records the metrics of one test.
+
+    At the end of the test the plugin checks each recorded metric against its
+    budget (``ceiling``/``floor``) and its stored baseline, and fails the test
+    with one message that lists every metric that falls short.
+    """
+
+    def __init__(self, nodeid: str, suite: str) -> None:
+        self.nodeid = nodeid
+        self.suite = suite
+        self.metrics: dict[str, Metric] = {}
+        self.claims: list[Claim] = []
+        self.conditions: list[dict[str, Any]] = []
+        """GPU-state readings taken around this test's measurements (see :meth:`gpu_guard`)."""
+        self.untrusted: list[str] = []
+        """Why this test's measured metrics cannot be trusted (throttling, foreign load)."""
+
+    def _add(self, metric: Metric) -> Metric:
+        if metric.name in self.metrics:
+            raise ValueError(f"metric {metric.name!r} was already recorded in {self.nodeid}")
+        self.metrics[metric.name] = metric
+        return metric
+
+    def record(
+        self,
+        name: str,
+        value: float,
+        *,
+        unit: str,
+        kind: Kind = "exact",
+        better: Better = "lower",
+        ceiling: float | None = None,
+        floor: float | None = None,
+        tolerance: float | None = None,
+        scope: Scope | None = None,
+    ) -> Metric:
+        """Record one metric of the running test.
+
+        ``unit`` is one of :data:`vramgate.core.metrics.UNITS` (``B``, ``s``,
+        ``ratio``, ``tokens``, ...); ``kind`` is ``exact`` (deterministic
+        accounting; compared with tolerance 0 unless given) or ``measured``
+        (use :meth:`record_samples` for those); ``better`` says which way is an
+        improvement; ``ceiling``/``floor`` are absolute budgets in ``unit``;
+        ``tolerance`` is relative (0.02 = 2%), the same in both directions in
+        ratio terms (for ``better="higher"``, half the value is 100% worse);
+        ``scope`` is ``portable`` (compared on every machine of the tier; the
+        default for ``exact``) or ``machine`` (compared only on this hardware
+        key: anything an ISA, kernel or device changes). See Note [metric
+        scope] in :mod:`vramgate.core.metrics`.
+        """
+        if kind == "measured":
+            raise ValueError(
+                f"metric {name!r}: a measured metric needs samples; use gate.record_samples(name, samples, ...)"
+            )
+        return self._add(
+            Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance, scope=scope)
+        )
+
+    def record_samples(
+        self,
+        name: str,
+        samples: Iterable[float],
+        *,
+        unit: str,
+        better: Better = "lower",
+        ceiling: float | None = None,
+        floor: float | None = None,
+        tolerance: float | None = None,
+        scope: Scope | None = None,
+    ) -> Metric:
+        """Record a measured metric from repeated samples (its value is their median).
+
+        Budgets apply to the median. Against the baseline the samples are
+        compared by the rule in :mod:`vramgate.core.stats` (default tolerance 5%).
+        Measured metrics are machine-bound unless ``scope="portable"``.
+        """
+        values = [float(s) for s in samples]
+        if len(values) < 2:
+            raise ValueError(f"metric {name!r}: need at least 2 samples, got {len(values)}")
+        return self._add(
+            Metric(
+                name, median(values), unit, "measured", better,
+                ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values, scope=scope,
+            )
+        )
+
+    def record_paired(
+        self,
+        name: str,
+        reference: Iterable[float],
+        candidate: Iterable[float],
+        *,
+        better: Better = "lower",
+        tolerance: float,
+        alpha: float = 0.01,
+        history_tolerance: float | None = None,
+        ceiling: float | None = None,
+    ) -> Metric:
+        """Record a candidate against a reference measured in the same session, pair by pair (paired A/B).
+
+        The metric's samples are the per-pair ratios candidate / reference and
+        its value their median. It fails when the candidate is worse than the
+        reference by more than *tolerance* with a one-sided U test clear at
+        *alpha* (see :mod:`vramgate.core.stats`), and, against the stored baseline,
+        when the ratios move by more than *history_tolerance* (default:
+        *tolerance*).
+        """
+        ref, cand = [float(v) for v in reference], [float(v) for v in candidate]
+        if len(ref) != len(cand) or len(ref) < 2:
+            raise ValueError(f"metric {name!r}: need at least 2 pairs of samples, got {len(ref)} and {len(cand)}")
+        if any(v <= 0 for v in ref):
+            raise ValueError(f"metric {name!r}: reference samples must be positive")
+        ratios = [c / r for r, c in zip(ref, cand, strict=True)]
+        return self._add(Metric(
+            name, median(ratios), "ratio", "measured", better, ceiling=ceiling,
+            tolerance=tolerance if history_tolerance is None else history_tolerance, samples=ratios,
+            paired=Paired(tuple(ref), tuple(cand), tolerance, alpha),
+        ))
+
+    def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> Claim:
+        """Record the verdict on a claim (held or not held) with the measured evidence.
+
+        Verdicts appear in the terminal summary and the report. A claim that
+        does not hold is a finding, not a test failure: gate the numbers behind
+        it with :meth:`record` when they must not move.
+        """
+        verdict = Claim(statement, bool(held), evidence, source)
+        self.claims.append(verdict)
+        return verdict
+
+    def profile_claims(
+        self,
+        profile: Profile,
+        workload: str,
+        patched: dict[str, float],
+        reference: dict[str, float],
+        *,
+        labels: tuple[str, str] = ("patched", "unpatched"),
+        context: str = "",
+    ) -> list[Claim]:
+        """Record the verdict of each of *profile*'s claims on *workload*: *patched* figures against *reference*.
+
+        A claim on a metric the test did not measure is an error in the
+        profile's manifest: it raises :class:`ValueError` naming the metric
+        and the ones measured.
+        """
+        out = []
+        for claim in profile.claims:
+            if claim.workload != workload:
+                continue
+            if claim.metric not in patched or claim.metric not in reference:
+                raise ValueError(f"profile {profile.name}: claim on unknown metric {claim.metric!r}; "
+                                 f"measured here: {', '.join(sorted(patched))}")
+            held, value = claim.holds(patched[claim.metric], reference[claim.metric])
+            out.append(self.claim(
+                f"{profile.name}: {claim.describe()}", held=held, source=f"patches/{profile.name}/manifest.toml",
+                evidence=(f"{claim.metric}: {patched[claim.metric]:g} {labels[0]} vs {reference[claim.metric]:g} "
+                          f"{labels[1]} ({claim.compare} {value:.4g}; bound {claim.op} {claim.bound:g}) on "
+                          f"{context + ', ' if context else ''}{workload}"),
+            ))
+        return out
+
+    @contextmanager
+    def gpu_guard(self, index: int = 0) -> Iterator[None]:
+        """Read the GPU's state (clocks, throttle reasons, other processes) around a measurement.
+
+        The readings go into the report with the test. When they show
+        throttling or another process on the device (see
+        :mod:`vramgate.machine.probes.gpu_state`), this test's measured metrics are
+        flagged ``untrusted``: the test fails with the reason instead of being
+        compared, and its figures never become a baseline. Without NVML the
+        measurement proceeds and the report says it was not guarded.
+        """
+        from vramgate.machine.probes.gpu_state import own_pids, problems, read_state
+        from vramgate.machine.probes.nvml import NVMLUnavailable
+
+        try:
+            before = read_state(index)
+        except NVMLUnavailable as exc:
+            self.conditions.append({"guarded": False, "why": str(exc)})
+            yield
+            return
+        yield
+        try:
+            after = read_state(index)
+        except NVMLUnavailable as exc:
+            self.conditions.append({"guarded": False, "why": f"NVML was lost during the measurement: {exc}",
+                                    "before": before.to_json()})
+            return
+        self.conditions.append({"guarded": True, "before": before.to_json(), "after": after.to_json()})
+        for problem in problems([before, after], own_pids()):
+            if problem not in self.untrusted:
+                self.untrusted.append(problem)

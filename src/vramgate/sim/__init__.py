@@ -1,0 +1,1 @@
+"""The simulator: vLLM's real scheduler and KV cache manager driven by a synthetic model runner."""

@@ -1,0 +1,351 @@
+"""Baselines: ``<root>/<hardware key>/<suite>.json``.
+
+One readable JSON file per hardware key and suite, with sorted keys and a
+stable layout so that a reviewed update is a small diff. Layout (schema 1)::
+
+    {
+      "schema": 1,
+      "suite": "kv_cache",
+      "hardware": {... fingerprint of the machine that last wrote the file ...},
+      "tests": {
+        "<node id>": {
+          "metrics": {"<name>": {"value": ..., "unit": ..., "kind": ..., "better": ...,
+                                 "tolerance": ..., "scope": ..., ["ceiling", "floor", "samples"]}},
+          "recorded": {"commit": ..., "date": ..., "software": {...}}
+        }
+      }
+    }
+
+``<hardware key>`` is a machine's key for machine-bound metrics, or a tier's
+key (``cpu``, ``cuda``) for portable ones (Note [metric scope] in
+:mod:`vramgate.core.metrics`); a test's metrics may be split over both files.
+
+Each test carries its own provenance, because ``--gate-update`` may refresh
+one test of a suite and leave the others as they were reviewed.
+
+Writes are atomic (a temporary file in the same folder, then ``os.replace``)
+and serialized by an advisory lock, so two gate runs updating the same file
+never leave a torn or half-merged file, and a write that fails (a full disk)
+leaves the previous file as it was and no temporary file behind. A file that
+cannot be parsed is never overwritten: the run stops with an error naming the
+file and the field, and the file stays for a person to repair or delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from vramgate.core.metrics import BETTER, KINDS, SCOPES, UNITS, Metric
+
+SCHEMA_VERSION = 1
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be used; the message names the file and the field."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """When, where and with what a test's baseline was recorded."""
+
+    commit: str | None
+    date: str
+    software: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit": self.commit, "date": self.date, "software": dict(self.software)}
+
+    def describe(self) -> str:
+        soft = ", ".join(
+            f"{k} {v}" for k, v in sorted(self.software.items()) if k not in ("vllm_distribution",)
+        )
+        if self.commit:
+            commit = self.commit[:12] + (" (dirty tree)" if self.commit.endswith("+dirty") else "")
+        else:
+            commit = "an unknown commit"
+        return f"recorded {self.date} at {commit} ({soft})"
+
+
+@dataclass
+class NodeBaseline:
+    """The stored metrics of one test, with their provenance."""
+
+    metrics: dict[str, Metric]
+    recorded: Provenance
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metrics": {name: m.to_json() for name, m in sorted(self.metrics.items())},
+            "recorded": self.recorded.to_json(),
+        }
+
+
+@dataclass
+class BaselineFile:
+    """The parsed content of one baseline file."""
+
+    path: Path
+    suite: str
+    hardware: dict[str, Any]
+    tests: dict[str, NodeBaseline] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "suite": self.suite,
+            "hardware": self.hardware,
+            "tests": {nodeid: t.to_json() for nodeid, t in sorted(self.tests.items())},
+        }
+
+
+def _require(cond: bool, path: Path, where: str, message: str) -> None:
+    if not cond:
+        raise BaselineError(path, f"{where}: {message}")
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
+    """One stored metric (its JSON object *raw*) validated; :class:`BaselineError` names *path* and *where*."""
+    _require(isinstance(raw, dict), path, where, "must be an object")
+    assert isinstance(raw, dict)
+    for key in ("value", "unit", "kind", "better"):
+        _require(key in raw, path, where, f"missing field {key!r}")
+    _require(_is_number(raw["value"]), path, f"{where}.value", f"must be a finite number, got {raw['value']!r}")
+    _require(raw["unit"] in UNITS, path, f"{where}.unit", f"unknown unit {raw['unit']!r}")
+    _require(raw["kind"] in KINDS, path, f"{where}.kind", f"must be one of {KINDS}, got {raw['kind']!r}")
+    _require(raw["better"] in BETTER, path, f"{where}.better", f"must be one of {BETTER}, got {raw['better']!r}")
+    scope = raw.get("scope")
+    _require(scope is None or scope in SCOPES, path, f"{where}.scope", f"must be one of {SCOPES}, got {scope!r}")
+    for key in ("tolerance", "ceiling", "floor"):
+        if raw.get(key) is not None:
+            _require(_is_number(raw[key]), path, f"{where}.{key}", f"must be a finite number, got {raw[key]!r}")
+    samples = raw.get("samples", [])
+    _require(
+        isinstance(samples, list) and all(_is_number(s) for s in samples),
+        path, f"{where}.samples", "must be a list of finite numbers",
+    )
+    if raw["kind"] == "measured":
+        _require(bool(samples), path, f"{where}.samples", "a measured metric needs its samples")
+    try:
+        return Metric(
+            name=name,
+            value=raw["value"],
+            unit=raw["unit"],
+            kind=raw["kind"],
+            better=raw["better"],
+            tolerance=raw.get("tolerance"),
+            ceiling=raw.get("ceiling"),
+            floor=raw.get("floor"),
+            samples=[float(s) for s in samples],
+            scope=scope,
+        )
+    except (TypeError, ValueError) as exc:
+        raise BaselineError(path, f"{where}: {exc}") from None
+
+
+def parse_baseline(path: Path, text: str) -> BaselineFile:
+    """Parse and validate the text of a baseline file; :class:`BaselineError` if unusable."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    _require(isinstance(data, dict), path, "top level", "must be a JSON object")
+    schema = data.get("schema")
+    _require(
+        schema == SCHEMA_VERSION, path, "schema",
+        f"version {schema!r} is not supported (this vramgate reads schema {SCHEMA_VERSION})",
+    )
+    suite = data.get("suite")
+    _require(isinstance(suite, str) and bool(suite), path, "suite", "must be a non-empty string")
+    _require(suite == path.stem, path, "suite", f"is {suite!r} but the file is named {path.name!r}")
+    hardware = data.get("hardware", {})
+    _require(isinstance(hardware, dict), path, "hardware", "must be an object")
+    tests_raw = data.get("tests")
+    _require(isinstance(tests_raw, dict), path, "tests", "must be an object keyed by test node id")
+    tests: dict[str, NodeBaseline] = {}
+    for nodeid, entry in tests_raw.items():
+        where = f"tests[{nodeid!r}]"
+        _require(isinstance(entry, dict), path, where, "must be an object")
+        metrics_raw = entry.get("metrics")
+        _require(isinstance(metrics_raw, dict), path, f"{where}.metrics", "must be an object")
+        rec = entry.get("recorded")
+        _require(isinstance(rec, dict), path, f"{where}.recorded", "must be an object")
+        _require(isinstance(rec.get("date"), str), path, f"{where}.recorded.date", "must be a string")
+        software = rec.get("software", {})
+        _require(
+            isinstance(software, dict) and all(isinstance(v, str) for v in software.values()),
+            path, f"{where}.recorded.software", "must map names to version strings",
+        )
+        commit = rec.get("commit")
+        _require(commit is None or isinstance(commit, str), path, f"{where}.recorded.commit", "must be a string")
+        tests[nodeid] = NodeBaseline(
+            metrics={
+                name: parse_metric(path, f"{where}.metrics[{name!r}]", name, raw)
+                for name, raw in metrics_raw.items()
+            },
+            recorded=Provenance(commit=commit, date=rec["date"], software=software),
+        )
+    return BaselineFile(path=path, suite=suite, hardware=hardware, tests=tests)
+
+
+def dump_baseline(baseline: BaselineFile) -> str:
+    """The stable text of *baseline*: two-space indent, sorted keys, final newline."""
+    return json.dumps(baseline.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+class BaselineStorage(Protocol):
+    """Where baselines live. The plugin talks to storage only through this."""
+
+    def load(self, key: str, suite: str) -> BaselineFile | None:
+        """The baseline of *suite* on hardware *key*, or None when there is none."""
+
+    def update(self, key: str, suite: str, hardware: dict[str, Any], tests: dict[str, NodeBaseline]) -> Path:
+        """Merge *tests* into the stored baseline (replacing those node ids) and save it."""
+
+    def validate_all(self) -> list[Path]:
+        """Parse every stored baseline; raise :class:`BaselineError` on the first bad one."""
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on *lock_path*; the lock file is gone again when the block ends.
+
+    Note [removable lock files]: the holder unlinks the lock file before it
+    unlocks. A waiter that then gets the lock holds it on a file no longer in
+    the folder; it notices (the path is missing or names another inode) and
+    starts over on the path's current file. So at most one process holds the
+    lock on the file the path names, and no ``.<suite>.lock`` stays behind.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(lock_path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and current.st_ino == os.fstat(fd).st_ino:
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the previous holder removed this file: lock the path's new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        os.close(fd)  # closing releases the lock
+
+
+def new_file_mode(path: Path) -> int:
+    """The permission bits a plain ``open(path, "w")`` would give: the old file's, else 0o666 less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def stage_text(path: Path, text: str) -> Path:
+    """Write *text* to a new temporary file beside *path* (same folder, synced) and return its path.
+
+    ``os.replace(staged, path)`` then publishes it atomically. On any error
+    (a full disk, say) the temporary file is removed before the error goes on.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), new_file_mode(path))  # mkstemp makes 0600 files; these are for reading
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write *text* to *path* so that readers see the old file or the new one, never a part.
+
+    On failure (a full disk, say) no temporary file stays behind and the
+    previous *path* is unchanged.
+    """
+    tmp = stage_text(path, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class DirectoryStorage:
+    """Baselines as JSON files under a folder (the default storage)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cache: dict[Path, BaselineFile | None] = {}
+
+    def path_for(self, key: str, suite: str) -> Path:
+        return self.root / key / f"{suite}.json"
+
+    def _read(self, path: Path) -> BaselineFile | None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BaselineError(path, f"cannot be read: {exc}") from None
+        return parse_baseline(path, text)
+
+    def load(self, key: str, suite: str) -> BaselineFile | None:
+        path = self.path_for(key, suite)
+        if path not in self._cache:
+            self._cache[path] = self._read(path)
+        return self._cache[path]
+
+    def update(self, key: str, suite: str, hardware: dict[str, Any], tests: dict[str, NodeBaseline]) -> Path:
+        path = self.path_for(key, suite)
+        with _locked(path.parent / f".{suite}.lock"):
+            current = self._read(path) or BaselineFile(path=path, suite=suite, hardware=hardware)
+            current.hardware = hardware
+            current.tests.update(tests)
+            for nodeid in [n for n, t in current.tests.items() if not t.metrics]:
+                del current.tests[nodeid]  # a test with no metric of this file's scope any more
+            atomic_write_text(path, dump_baseline(current))
+        self._cache[path] = current
+        return path
+
+    def validate_all(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        paths = sorted(p for p in self.root.glob("*/*.json") if p.is_file())
+        for path in paths:
+            self._cache[path] = self._read(path)
+        return paths

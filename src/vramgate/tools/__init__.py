@@ -1,0 +1,1 @@
+"""Operations tools: the ``vramgate`` command line, the engine installer, the gate's calibration."""

