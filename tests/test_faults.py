@@ -30,6 +30,7 @@ import pytest
 
 from patch_support import tree_digest
 from vramgate.core.metrics import Metric
+from vramgate.core.provenance import Provenance
 from vramgate.engine import runner as engine
 from vramgate.engine.runner import EngineError, EngineSpec, run_engine
 from vramgate.machine.gpu_processes import alive
@@ -45,7 +46,7 @@ from vramgate.pytest_plugin.plugin import (
 )
 from vramgate.report import render as report
 from vramgate.store import baselines
-from vramgate.store.baselines import DirectoryStorage, NodeBaseline, Provenance
+from vramgate.store.baselines import DirectoryStorage, NodeBaseline
 
 try:  # An in-process pytester run unloads what it imported, and numpy cannot be loaded twice: load it first.
     import matplotlib

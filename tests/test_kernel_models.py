@@ -9,7 +9,14 @@ import sys
 import pytest
 
 from vramgate.machine.probes.cpu import pin_mmap_threshold
-from vramgate.machine.probes.gpu_state import DISTRUSTED_REASONS, REASONS, GPUState, problems, reason_names
+from vramgate.machine.probes.gpu_state import (
+    DISTRUSTED_REASONS,
+    REASONS,
+    GPUState,
+    dram_bandwidth,
+    problems,
+    reason_names,
+)
 from vramgate.models.attention import (
     CUDA_MIN_BLOCK,
     TORCH_FLASH_EXTRA,
@@ -17,7 +24,6 @@ from vramgate.models.attention import (
     cuda_alloc_size,
     explain_splits,
     fa2_num_splits,
-    peak_memory_bandwidth,
     torch_flash_transient_bytes,
 )
 from vramgate.models.moe import GATHER_BLOCK, MoEShape, reference_overhead_bound, workspace_bytes
@@ -137,16 +143,16 @@ def test_accumulators_only_with_splits() -> None:
     assert shape.fa2_accumulator_bytes(4) == 4 * 256 * 128 * 4 + 4 * 256 * 4
 
 
-def test_peak_memory_bandwidth() -> None:
+def test_dram_bandwidth() -> None:
     # H200: 3201 MHz HBM3e on a 6144-bit bus
-    assert peak_memory_bandwidth(3201, 6144) == pytest.approx(4.92e12, rel=1e-3)
-    assert peak_memory_bandwidth(3201, 6144, transfers_per_clock=1) == pytest.approx(4.92e12 / 2, rel=1e-3)
+    assert dram_bandwidth(3201, 6144) == pytest.approx(4.92e12, rel=1e-3)
+    assert dram_bandwidth(3201, 6144, transfers_per_clock=1) == pytest.approx(4.92e12 / 2, rel=1e-3)
 
 
 @pytest.mark.parametrize(("clock", "width"), [(0, 6144), (-1, 6144), (3201, 0), (3201, -64)])
-def test_peak_memory_bandwidth_rejects_non_positive_input(clock: float, width: int) -> None:
+def test_dram_bandwidth_rejects_non_positive_input(clock: float, width: int) -> None:
     with pytest.raises(ValueError, match="must be positive"):
-        peak_memory_bandwidth(clock, width)
+        dram_bandwidth(clock, width)
 
 
 # -- MoE workspace --------------------------------------------------------------------------------------

@@ -144,10 +144,10 @@ def test_cli_check_fails_when_one_profile_does_not_apply(installed: Path, tmp_pa
 
 
 def test_claims() -> None:
-    claim = patches.Claim(metric="preemptions", compare="ratio", op="<=", bound=0.5)
+    claim = patches.ProfileClaim(metric="preemptions", compare="ratio", op="<=", bound=0.5)
     assert claim.holds(40, 100) == (True, 0.4)
     assert claim.holds(60, 100) == (False, 0.6)
-    assert patches.Claim("x", "difference", ">=", 10).holds(25, 10) == (True, 15)
+    assert patches.ProfileClaim("x", "difference", ">=", 10).holds(25, 10) == (True, 15)
 
 
 def test_gate_records_a_profiles_claim_verdicts_and_refuses_unmeasured_metrics() -> None:

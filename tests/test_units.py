@@ -12,9 +12,10 @@ import pytest
 import vramgate
 from vramgate.core.checks import check_baseline, check_budget
 from vramgate.core.metrics import Metric, format_value, relative_change
+from vramgate.core.provenance import Provenance
 from vramgate.machine import hardware
 from vramgate.models.config import ModelConfigError, load_model
-from vramgate.store.baselines import DirectoryStorage, NodeBaseline, Provenance, parse_baseline
+from vramgate.store.baselines import DirectoryStorage, NodeBaseline, parse_baseline
 from vramgate.tools.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,7 +40,7 @@ def test_flash_attention_latency(gate: Gate, case: str) -> None:
     """Latency of torch's flash SDPA backend; decode cases also record bandwidth as a fraction of peak."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from vramgate.machine.probes.gpu_state import memory_bandwidth_peak
+    from vramgate.machine.probes.gpu_state import device_peak_bandwidth
     from vramgate.machine.probes.nvml import NVMLUnavailable
     from vramgate.machine.probes.timers import time_cuda
 
@@ -63,7 +63,7 @@ def test_flash_attention_latency(gate: Gate, case: str) -> None:
     gate.record_samples("latency_s", samples, unit="s", tolerance=GPU_LATENCY_TOLERANCE)
     if shape.kind == "decode":
         try:
-            peak = memory_bandwidth_peak(0)
+            peak = device_peak_bandwidth(0)
         except NVMLUnavailable as exc:
             print(f"bandwidth fraction left out: it needs the device's peak from NVML: {exc}")
             return

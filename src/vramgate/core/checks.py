@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vramgate.core.metrics import Metric, format_change, relative_change, worse_change
+from vramgate.core.provenance import Provenance
 from vramgate.core.stats import DEFAULT_ALPHA, compare_samples
-from vramgate.store.baselines import Provenance
 
 Verdict = Literal[
     "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted",

@@ -28,6 +28,8 @@ from typing import Any
 
 from vramgate.machine import hardware
 from vramgate.models.config import ModelConfigError, load_model
+from vramgate.runtime.process import pythonpath
+from vramgate.runtime.vllm_env import ENGINE_LOG_LEVEL, vllm_environment
 from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
 
 #: Block sizes the gate runs (GPU backends take all; vLLM's CPU backends: see :func:`cpu_backend_problem`).
@@ -355,33 +357,18 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 def engine_env(
     spec: EngineSpec, run_dir: Path, extra_pythonpath: list[Path] | None = None, cache_root: Path | None = None
 ) -> dict[str, str]:
-    """The environment of an engine subprocess: offline, caches and temp files inside *run_dir*.
+    """The environment of an engine subprocess: vLLM's (:mod:`vramgate.runtime.vllm_env`, logging at INFO),
+    plus the engine's own settings.
 
     *cache_root* (default ``run_dir/cache``) lets the runs of one gate session share
     vLLM's cache of model inspections and the compiled Triton and Inductor kernels,
     which saves seconds per engine start on CPU and minutes of recompiling on a GPU.
     """
     env = dict(os.environ)
-    tmp = run_dir / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    shared = cache_root or run_dir / "cache"
+    env.update(vllm_environment(run_dir, cache_root=cache_root, log_level=ENGINE_LOG_LEVEL))
     env.update({
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_HOME": str(run_dir / "hf"),
-        "VLLM_CACHE_ROOT": str(shared),
-        "VLLM_CONFIG_ROOT": str(run_dir / "config"),
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_DO_NOT_TRACK": "1",
-        "TMPDIR": str(tmp),
-        # Compiled kernels depend on the code and the shapes, not on the run: one cache per session.
-        "TORCHINDUCTOR_CACHE_DIR": str(shared / "inductor"),
-        "TRITON_CACHE_DIR": str(shared / "triton"),
         "PYTHONUNBUFFERED": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        # The engine's INFO lines are evidence (the kernels vLLM chose, its memory figures, the log tail): an
-        # in-process simulator run quiets vLLM in the gate's own process, which must not carry over.
-        "VLLM_LOGGING_LEVEL": "INFO",
     })
     # Note [KV budget] in engine_worker: the budget goes in as kv_cache_memory_bytes.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -392,12 +379,7 @@ def engine_env(
     # gate's NVML readings name (Note [CUDA_VISIBLE_DEVICES] in vramgate.machine.devices).
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     env.update(spec.env)
-    paths = [str(p) for p in (extra_pythonpath or [])]
-    here = str(Path(__file__).resolve().parents[2])  # the folder that holds this vramgate package
-    paths.append(here)
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONPATH"] = pythonpath(env, first=extra_pythonpath or ())
     return env
 
 
@@ -506,7 +488,8 @@ def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineS
     if profile.checkpoint and "model" not in spec.engine_args:
         raise SpecError(
             f"profile {profile.name} serves a {profile.checkpoint.format} checkpoint (group size "
-            f"{profile.checkpoint.group_size}): write one with vramgate.models.checkpoints.write_checkpoint and pass its "
+            f"{profile.checkpoint.group_size}): write one with vramgate.models.checkpoints.write_checkpoint and "
+            "pass its "
             "folder as engine_args 'model' (with load_format 'safetensors')")
     paths = [build_overlay(profile, overlays)] if profile.series else []
     return spec.replace(engine_args={**profile.engine_args, **spec.engine_args},

@@ -186,10 +186,3 @@ def explain_splits(measured: int, shape: AttentionShape, extra: int = TORCH_FLAS
         if shape.fa2_transient_bytes(splits) + extra == measured:
             return splits
     return None
-
-
-def peak_memory_bandwidth(mem_clock_mhz: float, bus_width_bits: int, transfers_per_clock: int = 2) -> float:
-    """Theoretical DRAM bandwidth in bytes/s from the memory clock and bus width (DDR/HBM: 2 per clock)."""
-    if mem_clock_mhz <= 0 or bus_width_bits <= 0:
-        raise ValueError("memory clock and bus width must be positive")
-    return mem_clock_mhz * 1e6 * transfers_per_clock * bus_width_bits / 8

@@ -51,7 +51,7 @@ class PatchError(ValueError):
 
 
 @dataclass(frozen=True)
-class Claim:
+class ProfileClaim:
     """An effect a profile promises: ``metric`` of the patched run ``compare``d to the unpatched run."""
 
     metric: str
@@ -109,7 +109,7 @@ class Profile:
     env: dict[str, str] = field(default_factory=dict)
     requires: Requirements = Requirements()
     suites: tuple[str, ...] = ()
-    claims: tuple[Claim, ...] = ()
+    claims: tuple[ProfileClaim, ...] = ()
     checkpoint: CheckpointFormat | None = None
 
     @property
@@ -198,7 +198,7 @@ def load_profile(directory: Path) -> Profile:
             raise ProfileError(f"{cw}: compare {compare!r} is not one of {', '.join(COMPARES)}")
         if op not in OPERATORS:
             raise ProfileError(f"{cw}: op {op!r} is not one of {', '.join(OPERATORS)}")
-        claims.append(Claim(metric=_get(raw, "metric", str, cw), compare=compare, op=op,
+        claims.append(ProfileClaim(metric=_get(raw, "metric", str, cw), compare=compare, op=op,
                             bound=float(_get(raw, "bound", (int, float), cw)),
                             workload=_get(raw, "workload", str, cw, ""), text=_get(raw, "text", str, cw, "")))
     env = _get(data, "env", dict, where, {})

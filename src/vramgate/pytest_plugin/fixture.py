@@ -4,23 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vramgate.core.claims import ClaimVerdict
 from vramgate.core.metrics import Better, Kind, Metric, Paired, Scope, median
 
 if TYPE_CHECKING:
     from vramgate.profiles.manifest import Profile
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A claim a test settles by measurement, with its verdict and the numbers behind it."""
-
-    statement: str
-    held: bool
-    evidence: str
-    source: str = ""
 
 
 class Gate:
@@ -35,7 +25,7 @@ class Gate:
         self.nodeid = nodeid
         self.suite = suite
         self.metrics: dict[str, Metric] = {}
-        self.claims: list[Claim] = []
+        self.claims: list[ClaimVerdict] = []
         self.conditions: list[dict[str, Any]] = []
         """GPU-state readings taken around this test's measurements (see :meth:`gpu_guard`)."""
         self.untrusted: list[str] = []
@@ -143,14 +133,14 @@ class Gate:
             paired=Paired(tuple(ref), tuple(cand), tolerance, alpha),
         ))
 
-    def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> Claim:
+    def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> ClaimVerdict:
         """Record the verdict on a claim (held or not held) with the measured evidence.
 
         Verdicts appear in the terminal summary and the report. A claim that
         does not hold is a finding, not a test failure: gate the numbers behind
         it with :meth:`record` when they must not move.
         """
-        verdict = Claim(statement, bool(held), evidence, source)
+        verdict = ClaimVerdict(statement, bool(held), evidence, source)
         self.claims.append(verdict)
         return verdict
 
@@ -163,7 +153,7 @@ class Gate:
         *,
         labels: tuple[str, str] = ("patched", "unpatched"),
         context: str = "",
-    ) -> list[Claim]:
+    ) -> list[ClaimVerdict]:
         """Record the verdict of each of *profile*'s claims on *workload*: *patched* figures against *reference*.
 
         A claim on a metric the test did not measure is an error in the

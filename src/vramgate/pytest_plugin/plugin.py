@@ -20,19 +20,16 @@ from typing import Any
 import pytest
 
 from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget
+from vramgate.core.claims import ClaimVerdict
 from vramgate.core.metrics import format_change, format_value
+from vramgate.core.provenance import Provenance
 from vramgate.machine import hardware, isa
 from vramgate.machine.gpu_processes import alive
 from vramgate.machine.probes.cpu import children, rss_bytes
 from vramgate.machine.software import git_commit, now_utc, software_versions, version_mismatches
-from vramgate.pytest_plugin.fixture import Claim, Gate
+from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
-from vramgate.store.baselines import (
-    BaselineError,
-    DirectoryStorage,
-    NodeBaseline,
-    Provenance,
-)
+from vramgate.store.baselines import BaselineError, DirectoryStorage, NodeBaseline
 
 SESSION_NAME = "vramgate-session"
 #: Helper processes started once and kept for the life of the process: not leaks. Python's multiprocessing
@@ -377,7 +374,7 @@ class GateSession:
         self._before: dict[str, HygieneState] = {}
         self._call_failed: set[str] = set()
         self.results: list[NodeResult] = []
-        self.claims: list[tuple[str, Claim]] = []
+        self.claims: list[tuple[str, ClaimVerdict]] = []
         self.pending: dict[tuple[str, str], dict[str, NodeBaseline]] = {}
         """Baselines to write at the end: per (key, suite), the node ids' entries."""
         self.written: list[Path] = []
@@ -852,7 +849,8 @@ class GateSession:
                     self.errors.append(f"could not write the baseline of suite {suite!r} to {path}: {exc} "
                                        "(the previous file, if any, is unchanged)")
         workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None:  # an xdist worker: the controller reports (Note [xdist] in vramgate.pytest_plugin.transport)
+        # An xdist worker: the controller reports (Note [xdist] in vramgate.pytest_plugin.transport).
+        if workeroutput is not None:
             from vramgate.pytest_plugin.transport import results_json
 
             workeroutput["vramgate"] = json.dumps(results_json(self.results, self.claims, self.written,
@@ -894,7 +892,10 @@ class GateSession:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """xdist's controller: take a finished worker's findings (Note [xdist] in :mod:`vramgate.pytest_plugin.transport`)."""
+        """xdist's controller: take a finished worker's findings.
+
+        Note [xdist] in :mod:`vramgate.pytest_plugin.transport`.
+        """
         text = getattr(node, "workeroutput", {}).get("vramgate")
         if not text:
             return

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.checks import Finding
+from vramgate.core.claims import ClaimVerdict
 from vramgate.core.metrics import Metric
-from vramgate.pytest_plugin.fixture import Claim
-from vramgate.store.baselines import Provenance, parse_metric
+from vramgate.core.provenance import Provenance
+from vramgate.store.baselines import parse_metric
 
 
 def _metric(m: Metric) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def finding_from(data: dict[str, Any]) -> Finding:
                    _unnumber(data["change"]), data["budget"], data["detail"])
 
 
-def results_json(results: list[Any], claims: list[tuple[str, Claim]], written: list[Path],
+def results_json(results: list[Any], claims: list[tuple[str, ClaimVerdict]], written: list[Path],
                  errors: list[str]) -> dict[str, Any]:
     """A worker's findings (``NodeResult`` objects), claims, written baselines and errors as JSON data."""
     return {
@@ -65,13 +66,14 @@ def results_json(results: list[Any], claims: list[tuple[str, Claim]], written: l
     }
 
 
-def results_from(data: dict[str, Any], node_result: type) -> tuple[list[Any], list[tuple[str, Claim]], list[Path],
-                                                                   list[str]]:
+def results_from(
+    data: dict[str, Any], node_result: type
+) -> tuple[list[Any], list[tuple[str, ClaimVerdict]], list[Path], list[str]]:
     """The inverse of :func:`results_json`; *node_result* is the plugin's ``NodeResult`` class."""
     results = [node_result(r["nodeid"], r["suite"], [finding_from(f) for f in r["findings"]], r["test_passed"],
                            Path(r["baseline_path"]) if r["baseline_path"] else None, list(r["mismatches"]),
                            conditions=list(r["conditions"]),
                            portable_path=Path(r["portable_path"]) if r["portable_path"] else None)
                for r in data["results"]]
-    claims = [(c["test"], Claim(c["statement"], c["held"], c["evidence"], c["source"])) for c in data["claims"]]
+    claims = [(c["test"], ClaimVerdict(c["statement"], c["held"], c["evidence"], c["source"])) for c in data["claims"]]
     return results, claims, [Path(p) for p in data["written"]], list(data["errors"])

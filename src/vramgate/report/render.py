@@ -133,7 +133,10 @@ def _moved_cells(m: dict[str, Any]) -> tuple[str, ...]:
 
 
 def moved_lines(moved: dict[str, Any] | None) -> list[str]:
-    """The terminal lines of the baselines a change moves (Note in :mod:`vramgate.store.moves`); none when none moved."""
+    """The terminal lines of the baselines a change moves; none when none moved.
+
+    Note in :mod:`vramgate.store.moves`.
+    """
     if not moved or not moved["metrics"]:
         return []
     metrics = moved["metrics"]

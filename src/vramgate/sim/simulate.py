@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 import sys
 import time
 from collections import deque
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate.runtime.vllm_env import in_process_defaults, setdefault
 from vramgate.workloads import Workload
 
 #: Virtual step time: a + b x scheduled tokens + c x scheduled requests (seconds).
@@ -281,8 +281,7 @@ def simulate(
     engine_args: dict[str, Any] | None = None,
 ) -> SimResult:
     """Run *workload* through vLLM's scheduler with a pool of *num_gpu_blocks* blocks."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    setdefault(in_process_defaults())
     t0 = time.perf_counter()
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import CachedRequestData

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vramgate.core.metrics import BETTER, KINDS, SCOPES, UNITS, Metric
+from vramgate.core.provenance import Provenance
 
 SCHEMA_VERSION = 1
 
@@ -54,28 +55,6 @@ class BaselineError(Exception):
     def __init__(self, path: Path, message: str) -> None:
         super().__init__(f"{path}: {message}")
         self.path = path
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """When, where and with what a test's baseline was recorded."""
-
-    commit: str | None
-    date: str
-    software: dict[str, str]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"commit": self.commit, "date": self.date, "software": dict(self.software)}
-
-    def describe(self) -> str:
-        soft = ", ".join(
-            f"{k} {v}" for k, v in sorted(self.software.items()) if k not in ("vllm_distribution",)
-        )
-        if self.commit:
-            commit = self.commit[:12] + (" (dirty tree)" if self.commit.endswith("+dirty") else "")
-        else:
-            commit = "an unknown commit"
-        return f"recorded {self.date} at {commit} ({soft})"
 
 
 @dataclass

@@ -125,6 +125,7 @@ def _reexec_with_overlay(profile_name: str, root: Path) -> int | None:
     import tempfile
 
     from vramgate.profiles.manifest import build_overlay, find_profile
+    from vramgate.runtime.process import pythonpath
 
     profile = find_profile(root, profile_name)
     if not profile.series or Path(os.environ.get("VRAMGATE_OVERLAY", "/")).name.endswith(profile.digest):
@@ -132,8 +133,7 @@ def _reexec_with_overlay(profile_name: str, root: Path) -> int | None:
     overlays = Path(os.environ.get("VRAMGATE_OVERLAY_DIR") or tempfile.mkdtemp(prefix="vramgate-overlay-"))
     overlay = build_overlay(profile, overlays)
     env = dict(os.environ, VRAMGATE_OVERLAY=str(overlay))
-    env["PYTHONPATH"] = os.pathsep.join([str(overlay), str(Path(__file__).resolve().parents[2]),
-                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = pythonpath(env, first=[overlay])
     return subprocess.call([sys.executable, "-m", "vramgate", *sys.argv[1:]], env=env)
 
 
@@ -142,6 +142,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     from vramgate.models.config import load_model
     from vramgate.profiles.manifest import find_profile
+    from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, setdefault, vllm_environment
     from vramgate.sim.simulate import simulate
     from vramgate.workloads import build
 
@@ -158,11 +159,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                      arrival_rate=args.arrival_rate, root=root)
     # vLLM's caches go to the project's run folder (.gate-run/, ignored by git): kept between runs,
     # they spare vLLM's model inspection subprocess (about 8 s) on the next run.
-    run_dir = root / ".gate-run"
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
-    os.environ.setdefault("VLLM_CONFIG_ROOT", str(run_dir / "vllm-config"))
     with tempfile.TemporaryDirectory(prefix="vramgate-sim-") as tmp:
-        os.environ.setdefault("TMPDIR", tmp)
+        env = vllm_environment(Path(tmp), cache_root=root / ".gate-run" / "vllm-cache",
+                               log_level=IN_PROCESS_LOG_LEVEL)
+        env["VLLM_CONFIG_ROOT"] = str(root / ".gate-run" / "vllm-config")
+        setdefault(env)
         result = simulate(
             shape.path.parent, workload, block_size=args.block_size, num_gpu_blocks=args.kv_blocks,
             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate.runtime.process import pythonpath
+
 #: The MLP variants a worker runs (see :mod:`vramgate.tp.worker`); ``fused`` needs CUDA symmetric memory.
 VARIANTS = ("sync", "overlap", "fused")
 DEVICES = ("cpu", "cuda")
@@ -333,8 +335,7 @@ def rank_env(base: Mapping[str, str], *, rank: int, world_size: int, port: int, 
         # One thread per rank: two ranks with two threads each on a two-core machine stall in OpenMP barriers.
         env["OMP_NUM_THREADS"] = "1"
         env["MKL_NUM_THREADS"] = "1"
-    here = str(Path(__file__).resolve().parents[2])  # the folder that holds this vramgate package
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = pythonpath(env)
     return env
 
 

@@ -108,14 +108,19 @@ def read_state(index: int = 0) -> GPUState:
         nvml.nvmlShutdown()
 
 
-def memory_bandwidth_peak(index: int = 0) -> float:
-    """Theoretical memory bandwidth of CUDA device *index* in bytes/s (NVML: max memory clock x bus width x 2)."""
-    from vramgate.models.attention import peak_memory_bandwidth
+def dram_bandwidth(mem_clock_mhz: float, bus_width_bits: int, transfers_per_clock: int = 2) -> float:
+    """Theoretical DRAM bandwidth in bytes/s from the memory clock and bus width (DDR/HBM: 2 per clock)."""
+    if mem_clock_mhz <= 0 or bus_width_bits <= 0:
+        raise ValueError("memory clock and bus width must be positive")
+    return mem_clock_mhz * 1e6 * transfers_per_clock * bus_width_bits / 8
 
+
+def device_peak_bandwidth(index: int = 0) -> float:
+    """Theoretical memory bandwidth of CUDA device *index* in bytes/s (NVML: max memory clock x bus width x 2)."""
     nvml = _nvml()
     try:
         h = devices.handle(nvml, index, parent=True)
-        return peak_memory_bandwidth(
+        return dram_bandwidth(
             float(nvml.nvmlDeviceGetMaxClockInfo(h, 2)), int(nvml.nvmlDeviceGetMemoryBusWidth(h))
         )
     finally:

@@ -138,7 +138,8 @@ def child(device: str, calls: int, seed: int) -> dict[str, dict[str, list[float]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vramgate.tools.calibration.kernel_latency", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m vramgate.tools.calibration.kernel_latency",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("out", help="folder for calibration.json and calibration.md")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--processes", type=int, default=6, help="fresh processes (default 6)")
