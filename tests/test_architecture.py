@@ -1,0 +1,121 @@
+"""The package's layers, as README "Architecture" states them: each imports only the layers below it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "vramgate"
+
+#: Layers from the bottom up; a module may import its own layer and those listed before it.
+LAYERS = [
+    "core", "machine", "store", "models", "workloads", "profiles", "runtime", "sim", "engine", "tp", "report",
+    "pytest_plugin", "testing", "tools",
+]
+#: The package's front door and its compatibility aliases may use any layer.
+FACADES = {"vramgate", "vramgate.__main__", "vramgate._moved"}
+#: The most lines a module may have without its docstring saying why it is longer.
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str | None:
+    if module in FACADES:
+        return None
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in LAYERS:
+        raise AssertionError(f"{module} is in no layer: add it to a layer folder (README 'Architecture')")
+    return parts[1]
+
+
+def imports(module: str, path: Path, *, top_level_only: bool = False) -> set[str]:
+    """The vramgate modules *module* imports (``from vramgate.x import y`` counts ``vramgate.x.y`` when that
+    is a module)."""
+    known = modules()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "vramgate")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.level:
+                raise AssertionError(f"{module}: relative import; write 'from vramgate... import'")
+            if node.module.split(".")[0] != "vramgate":
+                continue
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    return {m for m in found if m in known and m != module}
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in modules():
+        layer_of(module)
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    wrong = []
+    for module, path in modules().items():
+        mine = layer_of(module)
+        if mine is None:
+            continue
+        for dep in sorted(imports(module, path)):
+            theirs = layer_of(dep)
+            if theirs is not None and LAYERS.index(theirs) > LAYERS.index(mine):
+                wrong.append(f"{module} ({mine}) imports {dep} ({theirs})")
+    assert not wrong, "imports against the layers (README 'Architecture'):\n" + "\n".join(wrong)
+
+
+def test_no_import_cycle() -> None:
+    """Module-level imports form no cycle (a lazy import inside a function is the way out, and must still
+    respect the layers)."""
+    graph = {m: imports(m, p, top_level_only=True) for m, p in modules().items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycle = [*stack[stack.index(d):], d]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_long_modules_say_why() -> None:
+    long = []
+    for module, path in modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > MAX_LINES:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "Longer than" not in doc:
+                long.append(f"{module}: {text.count(chr(10))} lines")
+    assert not long, f"modules over {MAX_LINES} lines whose docstring does not say why ('Longer than ...'):\n" + \
+        "\n".join(long)
+
+
+def test_the_rules_see_a_violation(tmp_path: Path) -> None:
+    """The checker itself: an upward import is found."""
+    path = tmp_path / "m.py"
+    path.write_text("from vramgate.tools.cli import main\n")
+    assert "vramgate.tools.cli" in imports("vramgate.core.fake", path)
