@@ -430,7 +430,7 @@ def test_merged_shard_reports_equal_the_unsharded_report(pytester: pytest.Pytest
 
 
 def test_merging_reports_of_different_hardware_is_refused(pytester: pytest.Pytester) -> None:
-    from vramgate.report.render import ReportError, merge_report_files
+    from vramgate.report import ReportError, merge_report_files
 
     pytester.makepyfile(test_kv=TEST_FILE)
     pytester.runpytest("--gate-hardware", "hw-a", "--gate-missing=skip", "--gate-report", "a")
