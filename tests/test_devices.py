@@ -126,7 +126,7 @@ def test_invalid_entry_stops_the_list(host: Any, monkeypatch: pytest.MonkeyPatch
 
 
 def test_hygiene_and_cleanup_see_only_this_jobs_gpus(host: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vramgate.pytest_plugin.plugin import device_readings
+    from vramgate.pytest_plugin.hygiene import device_readings
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     readings = device_readings()

@@ -36,7 +36,7 @@ from vramgate.engine.runner import EngineError, EngineSpec, run_engine
 from vramgate.machine.gpu_processes import alive
 from vramgate.profiles import manifest as patches
 from vramgate.profiles.manifest import PatchError, ProfileError, build_overlay, load_profile
-from vramgate.pytest_plugin.plugin import (
+from vramgate.pytest_plugin.hygiene import (
     NVML_LEAK_TOLERANCE,
     PROCESS_TREE_TOLERANCE,
     DeviceReading,
@@ -44,7 +44,8 @@ from vramgate.pytest_plugin.plugin import (
     device_leaks,
     tree_leak,
 )
-from vramgate.report import render as report
+from vramgate.report import data as report_data
+from vramgate.report.table import Row
 from vramgate.store import baselines
 from vramgate.store.baselines import DirectoryStorage, NodeBaseline
 
@@ -300,7 +301,7 @@ def test_disk_full_while_writing_the_report(
             full.room = 10**7 if path.name == "report.json" else 50
             return original(path, text)
 
-        monkeypatch.setattr(report, "stage_text", stage_text)
+        monkeypatch.setattr(report_data, "stage_text", stage_text)
     monkeypatch.setenv("PAGE", "70000")
     result = _report_run(pytester)
     assert full.failures == 1
@@ -320,15 +321,15 @@ def test_disk_full_while_drawing_the_plot(pytester: pytest.Pytester, monkeypatch
     out = pytester.path / "out"
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert "changes.png" in before
-    original = report.plot_changes
+    original = report_data.plot_changes
 
-    def plot_then_fail(rows: list[report.Row], path: Path) -> bool:
+    def plot_then_fail(rows: list[Row], path: Path) -> bool:
         original(rows, path)
         with open(path, "r+b") as f:
             f.truncate(64)  # what was on disk when the device filled up
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(report, "plot_changes", plot_then_fail)
+    monkeypatch.setattr(report_data, "plot_changes", plot_then_fail)
     result = _report_run(pytester)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert "No space left on device" in result.stdout.str()
@@ -753,7 +754,7 @@ def test_tree_leak_names_the_process_that_grew() -> None:
 FAKE_NVML_SUITE = '''
 import os
 import pytest
-from vramgate.pytest_plugin import plugin
+from vramgate.pytest_plugin import hygiene
 
 HELD = {}
 
@@ -761,10 +762,10 @@ HELD = {}
 def fake_readings():
     me = os.getpid()
     procs = {me: 600 << 20, **HELD}
-    return {0: plugin.DeviceReading((600 << 20) + sum(procs.values()), procs[me], procs)}
+    return {0: hygiene.DeviceReading((600 << 20) + sum(procs.values()), procs[me], procs)}
 
 
-plugin.device_readings = fake_readings  # this session runs in its own process
+hygiene.device_readings = fake_readings  # this session runs in its own process
 
 
 @pytest.fixture

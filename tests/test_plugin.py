@@ -430,7 +430,7 @@ def test_merged_shard_reports_equal_the_unsharded_report(pytester: pytest.Pytest
 
 
 def test_merging_reports_of_different_hardware_is_refused(pytester: pytest.Pytester) -> None:
-    from vramgate.report.render import ReportError, merge_report_files
+    from vramgate.report import ReportError, merge_report_files
 
     pytester.makepyfile(test_kv=TEST_FILE)
     pytester.runpytest("--gate-hardware", "hw-a", "--gate-missing=skip", "--gate-report", "a")
@@ -474,3 +474,35 @@ def test_hygiene_fails_the_test_that_leaks_a_process(pytester: pytest.Pytester) 
     result.stdout.fnmatch_lines(["*vramgate hygiene: test_leak.py::test_leaks left behind:*",
                                  "*- child process * still running: *time.sleep(30)*"])
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gate-hygiene=off").assert_outcomes(passed=3)
+
+
+ENGINE_FIXTURE_FILE = """
+import subprocess, sys
+import pytest
+KEEP = []
+
+@pytest.fixture
+def server():
+    return None
+
+def test_leaves_a_process(server):
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                         stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"up\\n"
+    KEEP.append(p)
+
+def test_after():
+    for p in KEEP:
+        p.kill(); p.wait()
+"""
+
+
+def test_engine_fixtures_are_named_in_the_ini(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_server=ENGINE_FIXTURE_FILE)
+    # `server` is no engine fixture by default: nothing puts the gate in use, hygiene stays out of the way
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.makeini("[pytest]\ngate_engine_fixtures =\n    server\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*vramgate hygiene: test_server.py::test_leaves_a_process left behind:*",
+                                 "*- child process * still running: *time.sleep(30)*"])

@@ -1,3 +1,36 @@
 """Reports rendered from plain data: the terminal table, report.md, report.json, changes.png.
 
-Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.summary.Summary` over."""
+Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.summary.Summary` over.
+"""
+
+from vramgate.report.chart import plot_changes
+from vramgate.report.data import (
+    ReportError,
+    junit_properties,
+    merge_report_files,
+    merge_reports,
+    report_data,
+    write_report,
+    write_report_data,
+)
+from vramgate.report.markdown import markdown
+from vramgate.report.summary import (
+    ACCEPTABLE,
+    VERDICT_ORDER,
+    CheckedMetric,
+    Hardware,
+    NodeSummary,
+    Summary,
+    accept_command,
+    pytest_command,
+    verdict_rank,
+)
+from vramgate.report.table import Row, aligned, plan_lines, rows_of, text_table
+from vramgate.report.terminal import failure_message, terminal_summary
+
+__all__ = [
+    "ACCEPTABLE", "VERDICT_ORDER", "CheckedMetric", "Hardware", "NodeSummary", "ReportError", "Row", "Summary",
+    "accept_command", "aligned", "failure_message", "junit_properties", "markdown", "merge_report_files",
+    "merge_reports", "plan_lines", "plot_changes", "pytest_command", "report_data", "rows_of", "terminal_summary",
+    "text_table", "verdict_rank", "write_report", "write_report_data",
+]

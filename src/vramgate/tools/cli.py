@@ -288,7 +288,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_report_merge(args: argparse.Namespace) -> int:
-    from vramgate.report.render import merge_report_files
+    from vramgate.report import merge_report_files
 
     paths = [Path(p) / "report.json" if Path(p).is_dir() else Path(p) for p in args.reports]
     merged = merge_report_files(paths, Path(args.out))

@@ -1,0 +1,155 @@
+"""The gate's command-line options and ini values, and what a session reads of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MISSING_POLICIES = ("fail", "record", "skip")
+UPDATE_SCOPES = ("all", "portable", "machine")
+#: Fixtures that start engine processes, unless the ini value ``gate_engine_fixtures`` names others.
+DEFAULT_ENGINE_FIXTURES = ("engine",)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Add the ``--gate-*`` options, each with its ini twin, and the ini value ``gate_engine_fixtures``."""
+    group = parser.getgroup("vramgate", "vramgate: GPU memory and latency gate")
+    options: list[tuple[str, str, dict[str, Any], str]] = [
+        ("--gate-baselines", "gate_baselines", {"metavar": "DIR"},
+         "folder of baselines, <DIR>/<hardware key>/<suite>.json (default: baselines/)"),
+        ("--gate-hardware", "gate_hardware", {"metavar": "KEY"},
+         "hardware key to compare against, instead of the detected one"),
+        ("--gate-missing", "gate_missing", {"choices": MISSING_POLICIES},
+         "what a metric without a baseline does: fail (default), record it, or skip the comparison"),
+        ("--gate-report", "gate_report", {"metavar": "DIR"},
+         "write report.md, report.json and changes.png into DIR"),
+        ("--gate-shard", "gate_shard", {"metavar": "I/N"},
+         "run shard I of N (1-based) of the collected tests; merge shard reports with 'vramgate report merge'"),
+        ("--gate-hygiene", "gate_hygiene", {"choices": ("on", "off")},
+         "fail a test that leaves child processes or CUDA memory behind (default: on)"),
+    ]
+    for flag, dest, extra, help_text in options:
+        group.addoption(flag, dest=dest, default=None, help=help_text, **extra)
+        parser.addini(dest, help=f"default of {flag}: {help_text}", default=None)
+    group.addoption(
+        "--gate-require-hardware", dest="gate_require_hardware", action="store_true", default=None,
+        help="fail machine-bound metrics whose hardware key has no baselines at all, instead of reporting them "
+             "as not compared (self-hosted runners of a known GPU or CPU class set it)",
+    )
+    parser.addini("gate_require_hardware", type="bool", default=False, help="default of --gate-require-hardware")
+    group.addoption(
+        "--gate-baselines-ref", dest="gate_baselines_ref", default=None, metavar="REF",
+        help="list first every stored baseline that differs between git REF (a PR's base) and the tree",
+    )
+    parser.addini("gate_baselines_ref", default=None, help="default of --gate-baselines-ref")
+    group.addoption(
+        "--gate-plan", dest="gate_plan", action="store_true", default=False,
+        help="after collection, say which tests this machine's GPUs would run and why the others would skip "
+             "(with --collect-only: a dry run of a GPU runner)",
+    )
+    group.addoption(
+        "--gate-update-scope", dest="gate_update_scope", default=None, choices=UPDATE_SCOPES,
+        help="which metrics --gate-update and --gate-missing=record write: all (default), portable (the tier's "
+             "baselines only, e.g. on hosted runners whose CPU varies) or machine (this hardware key's only)",
+    )
+    parser.addini("gate_update_scope", default=None, help="default of --gate-update-scope")
+    group.addoption(
+        "--gate-update", dest="gate_update", action="store_true", default=None,
+        help="write or refresh the baselines of the tests that ran (review and commit the diff)",
+    )
+    parser.addini("gate_update", type="bool", default=False, help="default of --gate-update")
+    parser.addini(
+        "gate_engine_fixtures", type="linelist", default=list(DEFAULT_ENGINE_FIXTURES),
+        help="fixtures that start engine processes (default: engine): a test that uses one is in the gate's "
+             "use, and hygiene checks its child processes' and devices' memory as well",
+    )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> ``(2, 4)``; a :class:`pytest.UsageError` for anything else."""
+    try:
+        index, count = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--gate-shard {text!r}: expected I/N, e.g. 1/2") from None
+    if not 1 <= index <= count:
+        raise pytest.UsageError(f"--gate-shard {text!r}: I must be between 1 and N")
+    return index, count
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """What a session was asked to do: each ``--gate-*`` option, else its ini value, else its default."""
+
+    baselines_dir: Path
+    hardware_override: str | None
+    missing: str
+    report_dir: Path | None
+    update: bool
+    update_scope: str
+    baselines_ref: str | None
+    require_hardware: bool
+    shard: tuple[int, int] | None
+    hygiene: bool
+    plan: bool
+    engine_fixtures: tuple[str, ...]
+    asked: list[str] = field(default_factory=list)
+    """The options and ini values set (Note [inert until asked])."""
+
+
+def read_options(config: pytest.Config) -> GateOptions:
+    """The session's :class:`GateOptions`; a :class:`pytest.UsageError` for a value out of range.
+
+    A relative folder given on the command line is taken from the directory pytest was started in; one given in
+    the ini file, from the ini file's folder.
+    """
+    root = config.rootpath
+    cwd = config.invocation_params.dir
+    asked: list[str] = []
+
+    def opt(dest: str) -> tuple[Any, Path]:
+        value = config.getoption(dest)
+        if value is not None:
+            asked.append(dest)
+            return value, cwd
+        value = config.getini(dest)
+        if value not in (None, False, ""):
+            asked.append(dest)
+        return value, (config.inipath.parent if config.inipath else root)
+
+    baselines, base_dir = opt("gate_baselines")
+    hardware_key, _ = opt("gate_hardware")
+    missing, _ = opt("gate_missing")
+    missing = missing or "fail"
+    if missing not in MISSING_POLICIES:
+        raise pytest.UsageError(f"gate_missing = {missing!r}: must be one of {', '.join(MISSING_POLICIES)}")
+    report, report_dir = opt("gate_report")
+    update, _ = opt("gate_update")
+    update_scope, _ = opt("gate_update_scope")
+    update_scope = update_scope or "all"
+    if update_scope not in UPDATE_SCOPES:
+        raise pytest.UsageError(f"gate_update_scope = {update_scope!r}: must be one of {', '.join(UPDATE_SCOPES)}")
+    ref, _ = opt("gate_baselines_ref")
+    require, _ = opt("gate_require_hardware")
+    shard, _ = opt("gate_shard")
+    hygiene, _ = opt("gate_hygiene")
+    plan = bool(config.getoption("gate_plan"))
+    if plan:
+        asked.append("gate_plan")
+    return GateOptions(
+        baselines_dir=(base_dir / (baselines or "baselines")).resolve(),
+        hardware_override=hardware_key or None,
+        missing=missing,
+        report_dir=(report_dir / report).resolve() if report else None,
+        update=bool(update),
+        update_scope=update_scope,
+        baselines_ref=ref or None,
+        require_hardware=bool(require),
+        shard=parse_shard(shard) if shard else None,
+        hygiene=(hygiene or "on") != "off",
+        plan=plan,
+        engine_fixtures=tuple(config.getini("gate_engine_fixtures")),
+        asked=asked,
+    )

@@ -1,0 +1,77 @@
+"""``report.md``: GitHub-flavoured markdown, fit for a job summary (``$GITHUB_STEP_SUMMARY``) and a PR comment,
+made from ``report.json``'s data (:func:`vramgate.report.data.report_data`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramgate.report.summary import accept_command
+from vramgate.report.table import HEAD, Row, cells, coverage_lines, moved_cells, sorted_rows
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def data_rows(data: dict[str, Any]) -> list[Row]:
+    """The metric rows of report data (``report.json``), test by test."""
+    return [Row(**r) for t in data["tests"] for r in t["rows"]]
+
+
+def markdown(data: dict[str, Any], plot: str | None) -> str:
+    """``report.md`` from report data; *plot* is the chart's file name, None where it was left out."""
+    rows = data_rows(data)
+    failed = [r for r in rows if r.failed]
+    moved_count = len((data.get("moved_baselines") or {}).get("metrics") or [])
+    status = "❌ regression" if failed else "⚠️ pass, with moved baselines" if moved_count else "✅ pass"
+    out = [
+        f"## vramgate: {status}",
+        "",
+        f"Hardware `{data['hardware']['key']}` · tier `{data['hardware'].get('tier', '?')}` · "
+        f"{len(data['tests'])} test(s) · {len(rows)} metric(s) · {len(failed)} failing",
+        "",
+    ]
+    hw = data["hardware"]
+    for line in coverage_lines(rows, data["accept_args"], hw.get("tier", "?"), hw.get("key", "?")):
+        out += [f"> **{line[3:]}**" if line.startswith("!!") else line, ""]
+    moved = data.get("moved_baselines")
+    if moved and moved["metrics"]:
+        # First, above everything: a change that moves its own baselines must be seen by its reviewer.
+        out[2:2] = [f"> **{len(moved['metrics'])} baseline metric(s) moved against `{moved['ref']}`: review them "
+                    "below before merging.**", ""]
+        out += ["### Baselines this change moves", "",
+                "| file | test | metric | at ref | now stored | change | this run |", "|---|---|---|---|---|---|---|"]
+        for m in moved["metrics"]:
+            moved_row = list(moved_cells(m))
+            moved_row[0], moved_row[1] = f"`{moved_row[0]}`", f"`{m['test']}`"
+            out.append("| " + " | ".join(_md_escape(c) for c in moved_row) + " |")
+        out.append("")
+    for line in data["version_mismatches"]:
+        out.append(f"> **Version mismatch with baseline:** {line}")
+    if data["version_mismatches"]:
+        out.append("")
+    if data["claims"]:
+        out += ["### Claims", "", "| verdict | claim | evidence | test |", "|---|---|---|---|"]
+        for c in data["claims"]:
+            verdict = "✅ held" if c["held"] else "❌ not held"
+            out.append(f"| {verdict} | {_md_escape(c['statement'])} | {_md_escape(c['evidence'])} | `{c['test']}` |")
+        out.append("")
+    if failed:
+        out += ["### Failing", ""]
+        for test in data["tests"]:
+            if test["failed"]:
+                out += [f"<details open><summary><code>{test['nodeid']}</code></summary>", "", "```",
+                        test["message"], "```", "</details>", ""]
+    out += ["### Metrics", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    for row in sorted_rows(rows):
+        row_cells = list(cells(row, short=False))
+        row_cells[0] = f"`{row_cells[0]}`"
+        out.append("| " + " | ".join(_md_escape(c) for c in row_cells) + " |")
+    out.append("")
+    improved = sorted({r.test for r in rows if r.verdict == "improved"})
+    if improved:
+        out += [f"{len(improved)} test(s) beat their baseline; ratchet with "
+                f"`{accept_command(improved, data['accept_args'])}`.", ""]
+    out.append(f"![changes]({plot})" if plot else "_Plot left out: matplotlib is not installed._")
+    out.append("")
+    return "\n".join(out)
