@@ -34,8 +34,7 @@ from vramgate.core.provenance import Provenance
 from vramgate.engine import runner as engine
 from vramgate.engine.runner import EngineError, EngineSpec, run_engine
 from vramgate.machine.gpu_processes import alive
-from vramgate.profiles import manifest as patches
-from vramgate.profiles.manifest import PatchError, ProfileError, build_overlay, load_profile
+from vramgate.profiles import PatchError, ProfileError, build_overlay, load_profile
 from vramgate.pytest_plugin.plugin import (
     NVML_LEAK_TOLERANCE,
     PROCESS_TREE_TOLERANCE,
@@ -429,7 +428,7 @@ def test_overlay_build_failing_midway_leaves_nothing(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
         real_symlink(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(patches.os, "symlink", symlink)
+    monkeypatch.setattr(os, "symlink", symlink)
     with pytest.raises(OSError, match="No space left on device"):
         build_overlay(profile, tmp_path / "overlays")
     assert len(calls) == 2
@@ -445,12 +444,12 @@ def test_two_runs_building_the_same_overlay(installed: Path, tmp_path: Path, mon
 
     def replace(src: Any, dst: Any) -> None:
         if not built and Path(dst).name.startswith("race-"):
-            monkeypatch.setattr(patches.os, "replace", real_replace)
+            monkeypatch.setattr(os, "replace", real_replace)
             built.append(build_overlay(profile, tmp_path / "overlays"))  # the other run, all the way
             assert built[0] == Path(dst)
         real_replace(src, dst)
 
-    monkeypatch.setattr(patches.os, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)
     overlay = build_overlay(profile, tmp_path / "overlays")
     assert built == [overlay]
     assert [p.name for p in (tmp_path / "overlays").iterdir()] == [overlay.name]  # no temporary folder left
