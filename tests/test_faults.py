@@ -44,7 +44,7 @@ from vramgate.pytest_plugin.plugin import (
     tree_leak,
 )
 from vramgate.report import render as report
-from vramgate.store import baselines
+from vramgate.store import files
 from vramgate.store.baselines import DirectoryStorage, NodeBaseline
 
 try:  # An in-process pytester run unloads what it imported, and numpy cannot be loaded twice: load it first.
@@ -190,7 +190,7 @@ def test_disk_full_while_writing_the_baseline(
 ) -> None:
     before = recorded.read_bytes()
     full = DiskFull(room=100)
-    monkeypatch.setattr(baselines, "os", full.module())
+    monkeypatch.setattr(files, "os", full.module())
     monkeypatch.setenv("PAGE", "4096")
     result = pytester.runpytest(*HW, "--gate-update")
     assert full.failures == 1
@@ -291,9 +291,9 @@ def test_disk_full_while_writing_the_report(
     # report.json is staged first; give it room to fail report.md instead.
     room = 0 if stage == "report.json" else 10**7
     full = DiskFull(room)
-    monkeypatch.setattr(baselines, "os", full.module())
+    monkeypatch.setattr(files, "os", full.module())
     if stage == "report.md":
-        original = baselines.stage_text
+        original = files.stage_text
 
         def stage_text(path: Path, text: str) -> Path:
             full.room = 10**7 if path.name == "report.json" else 50

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vramgate.core.metrics import format_change, format_value
-from vramgate.store.baselines import new_file_mode, stage_text
+from vramgate.store.files import new_file_mode, stage_text
 
 if TYPE_CHECKING:
     from vramgate.pytest_plugin.plugin import GateSession, NodeResult
