@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from patch_support import ORIGINAL
-from vramgate.profiles import manifest as patches
+from vramgate.profiles import overlay
 
 pytest_plugins = ["pytester"]
 
@@ -27,5 +27,5 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (site / "fakepkg" / "__init__.py").write_text("")
     (site / "fakepkg" / "sched.py").write_text(ORIGINAL)
     (site / "fakepkg" / "sub" / "__init__.py").write_text("VALUE = 7\n")
-    monkeypatch.setattr(patches, "installed_target", lambda profile: ("vllm", "0.32.0", site / "fakepkg"))
+    monkeypatch.setattr(overlay, "installed_target", lambda profile: ("vllm", "0.32.0", site / "fakepkg"))
     return site / "fakepkg"

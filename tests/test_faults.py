@@ -34,8 +34,7 @@ from vramgate.core.provenance import Provenance
 from vramgate.engine import runner as engine
 from vramgate.engine.runner import EngineError, EngineSpec, run_engine
 from vramgate.machine.gpu_processes import alive
-from vramgate.profiles import manifest as patches
-from vramgate.profiles.manifest import PatchError, ProfileError, build_overlay, load_profile
+from vramgate.profiles import PatchError, ProfileError, build_overlay, load_profile
 from vramgate.pytest_plugin.hygiene import (
     NVML_LEAK_TOLERANCE,
     PROCESS_TREE_TOLERANCE,
@@ -46,7 +45,7 @@ from vramgate.pytest_plugin.hygiene import (
 )
 from vramgate.report import data as report_data
 from vramgate.report.table import Row
-from vramgate.store import baselines
+from vramgate.store import files
 from vramgate.store.baselines import DirectoryStorage, NodeBaseline
 
 try:  # An in-process pytester run unloads what it imported, and numpy cannot be loaded twice: load it first.
@@ -192,7 +191,7 @@ def test_disk_full_while_writing_the_baseline(
 ) -> None:
     before = recorded.read_bytes()
     full = DiskFull(room=100)
-    monkeypatch.setattr(baselines, "os", full.module())
+    monkeypatch.setattr(files, "os", full.module())
     monkeypatch.setenv("PAGE", "4096")
     result = pytester.runpytest(*HW, "--gate-update")
     assert full.failures == 1
@@ -293,9 +292,9 @@ def test_disk_full_while_writing_the_report(
     # report.json is staged first; give it room to fail report.md instead.
     room = 0 if stage == "report.json" else 10**7
     full = DiskFull(room)
-    monkeypatch.setattr(baselines, "os", full.module())
+    monkeypatch.setattr(files, "os", full.module())
     if stage == "report.md":
-        original = baselines.stage_text
+        original = files.stage_text
 
         def stage_text(path: Path, text: str) -> Path:
             full.room = 10**7 if path.name == "report.json" else 50
@@ -430,7 +429,7 @@ def test_overlay_build_failing_midway_leaves_nothing(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
         real_symlink(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(patches.os, "symlink", symlink)
+    monkeypatch.setattr(os, "symlink", symlink)
     with pytest.raises(OSError, match="No space left on device"):
         build_overlay(profile, tmp_path / "overlays")
     assert len(calls) == 2
@@ -446,12 +445,12 @@ def test_two_runs_building_the_same_overlay(installed: Path, tmp_path: Path, mon
 
     def replace(src: Any, dst: Any) -> None:
         if not built and Path(dst).name.startswith("race-"):
-            monkeypatch.setattr(patches.os, "replace", real_replace)
+            monkeypatch.setattr(os, "replace", real_replace)
             built.append(build_overlay(profile, tmp_path / "overlays"))  # the other run, all the way
             assert built[0] == Path(dst)
         real_replace(src, dst)
 
-    monkeypatch.setattr(patches.os, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)
     overlay = build_overlay(profile, tmp_path / "overlays")
     assert built == [overlay]
     assert [p.name for p in (tmp_path / "overlays").iterdir()] == [overlay.name]  # no temporary folder left

@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from patch_support import tree_digest
-from vramgate.profiles import manifest as patches
-from vramgate.profiles.manifest import PatchError, ProfileError, build_overlay, load_profile, parse_diff
+from vramgate.profiles import (
+    PatchError,
+    ProfileClaim,
+    ProfileError,
+    build_overlay,
+    load_profile,
+    parse_diff,
+    patched_files,
+)
 from vramgate.tools.cli import main as cli_main
 
 GOOD_DIFF = """--- a/fakepkg/sched.py
@@ -144,14 +151,13 @@ def test_cli_check_fails_when_one_profile_does_not_apply(installed: Path, tmp_pa
 
 
 def test_claims() -> None:
-    claim = patches.ProfileClaim(metric="preemptions", compare="ratio", op="<=", bound=0.5)
+    claim = ProfileClaim(metric="preemptions", compare="ratio", op="<=", bound=0.5)
     assert claim.holds(40, 100) == (True, 0.4)
     assert claim.holds(60, 100) == (False, 0.6)
-    assert patches.ProfileClaim("x", "difference", ">=", 10).holds(25, 10) == (True, 15)
+    assert ProfileClaim("x", "difference", ">=", 10).holds(25, 10) == (True, 15)
 
 
 def test_gate_records_a_profiles_claim_verdicts_and_refuses_unmeasured_metrics() -> None:
-    from vramgate.profiles.manifest import load_profile
     from vramgate.pytest_plugin.fixture import Gate
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "patches" / "kv-fp8")
@@ -172,8 +178,6 @@ OTHER_DIFF = "\n".join(["--- a/fakepkg/sched.py", "+++ b/fakepkg/sched.py", "@@ 
 
 def test_a_diff_whose_lines_moved_applies_at_its_offset(installed: Path, tmp_path: Path) -> None:
     """A fork of the release with lines added above the hunk: git applies it at an offset, and says so."""
-    from vramgate.profiles.manifest import patched_files
-
     sched = installed / "sched.py"
     sched.write_text(sched.read_text().replace("def policy():", "# a fork's own\n# three lines\n# here\ndef policy():"))
     before = tree_digest(installed)

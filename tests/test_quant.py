@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from vramgate.models.cpu_resident import vllm_cpu_resident
 from vramgate.models.quant import (
     SCHEMES,
     QuantConfigError,
     checkpoint_tensors,
     kv_gain_tokens,
     layout,
-    vllm_cpu_resident,
     weight_size,
 )
-from vramgate.profiles.manifest import ProfileError, load_profile
+from vramgate.profiles import ProfileError, load_profile
 from vramgate.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +153,13 @@ def test_plan_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "tiny-llama", "--json", "--root", str(ROOT)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["scheme"] for r in rows} == set(SCHEMES)
+
+
+def test_plan_command_names_a_broken_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama",')
+    assert main(["plan", str(bad), "--root", str(ROOT)]) == 2
+    assert capsys.readouterr().err.startswith(f"vramgate: error: {bad}: not valid JSON (line 1, column 24: ")
 
 
 # -- the packer (torch) -------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from vramgate.core.checks import check_baseline, check_budget
 from vramgate.core.metrics import Metric, format_value, relative_change
 from vramgate.core.provenance import Provenance
 from vramgate.machine import hardware
-from vramgate.models.config import ModelConfigError, load_model
+from vramgate.models import quant
+from vramgate.models.config import ModelConfigError, load_model, read_config
 from vramgate.store.baselines import DirectoryStorage, NodeBaseline, parse_baseline
 from vramgate.tools.cli import main as cli_main
 
@@ -104,6 +105,28 @@ def test_model_sizes_follow_the_architecture() -> None:
 def test_unknown_model_names_the_available_ones() -> None:
     with pytest.raises(ModelConfigError, match=r"unknown model 'gpt-5'.*available: deepseek-v2, "):
         load_model(ROOT, "gpt-5")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, r"config\.json: cannot be read: \[Errno 2\] No such file"),
+    (b"\xff\xfe", r"config\.json: cannot be read: 'utf-8' codec can't decode"),
+    (b'{"model_type": ', r"config\.json: not valid JSON \(line 1, column 16: Expecting value\)"),
+    (b"[1, 2]", r"config\.json: must be a JSON object, not list"),
+])
+def test_one_config_reader_names_the_file_and_the_fault(tmp_path: Path, content: bytes | None, message: str) -> None:
+    """load_model and the weight-size model read config.json through read_config: one reader, one set of errors."""
+    path = tmp_path / "fixtures" / "models" / "broken" / "config.json"
+    path.parent.mkdir(parents=True)
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ModelConfigError, match=message) as info:
+        read_config(path)
+    assert str(info.value).startswith(f"{path}: ")
+    if content is not None:
+        with pytest.raises(ModelConfigError, match=message):
+            load_model(tmp_path, "broken")
+    assert quant.load_config is read_config
+    assert read_config(ROOT / "fixtures" / "models" / "tiny-llama" / "config.json")["model_type"] == "llama"
 
 
 def test_unknown_kv_dtype() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.profiles.manifest import PatchError, build_overlay, check, installed_target, load_profile, load_profiles
+from vramgate.profiles import PatchError, build_overlay, check, installed_target, load_profile, load_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 

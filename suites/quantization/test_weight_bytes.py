@@ -12,7 +12,7 @@ them, embeddings, LM head and norms in 16 bits. Here it is held against
   from the safetensors header, equal to the model's;
 - what vLLM 0.32.0 holds as parameters after loading each of them, which
   differs from the checkpoint in ways the model explains to the byte
-  (Note [CPU resident weights] in :mod:`vramgate.models.quant`).
+  (Note [CPU resident weights] in :mod:`vramgate.models.cpu_resident`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from vramgate.engine.runner import engine_tier
+from vramgate.models.cpu_resident import vllm_cpu_resident
 from vramgate.models.quant import (
     SCHEMES,
     checkpoint_tensors,
     format_bytes,
     layout,
     load_config,
-    vllm_cpu_resident,
     weight_size,
 )
 from vramgate.profiles.manifest import find_profile, profiles_for_suite

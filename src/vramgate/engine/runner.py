@@ -477,12 +477,12 @@ def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineS
     """*spec* with its optimization profile's engine arguments and environment, and the overlay to import first.
 
     A profile's diff series is applied into an overlay under *overlays*
-    (all-or-nothing, see :mod:`vramgate.profiles.manifest`); the spec's own engine
+    (all-or-nothing, see :mod:`vramgate.profiles.overlay`); the spec's own engine
     arguments win over the profile's.
     """
     if not spec.profile:
         return spec, []
-    from vramgate.profiles.manifest import build_overlay, find_profile
+    from vramgate.profiles import build_overlay, find_profile
 
     profile = find_profile(root, spec.profile)
     if profile.checkpoint and "model" not in spec.engine_args:

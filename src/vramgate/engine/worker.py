@@ -162,11 +162,13 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None
     if spec.quantization:
         kwargs["quantization"] = spec.quantization
     if device_total_bytes:
+        from vramgate.models.config import ModelConfigError
         from vramgate.models.quant import QuantConfigError, load_config, weight_size
 
         try:
             weights = weight_size(load_config(model_dir / "config.json"), "bf16").total_bytes
-        except QuantConfigError:  # a model the weight-size model does not cover: the headroom must do
+        except (ModelConfigError, QuantConfigError):  # no config, or one the weight-size model does not cover:
+            # the headroom must do
             weights = 0
         kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"], weights,
                                                            device_total_bytes)

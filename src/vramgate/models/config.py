@@ -92,7 +92,28 @@ class ModelShape:
 
 
 def models_dir(root: Path) -> Path:
+    """The folder of the model configs: ``<root>/fixtures/models``."""
     return root / "fixtures" / "models"
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The JSON object of a model's ``config.json``; :class:`ModelConfigError` names the file and what is wrong
+    (it cannot be read, it is not JSON, or it is not a JSON object).
+
+    The one reader of model configs: :func:`load_model` and the weight-size model
+    (:mod:`vramgate.models.quant`) both read through it.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path}: cannot be read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{path}: must be a JSON object, not {type(data).__name__}")
+    return data
 
 
 def available_models(root: Path) -> list[str]:
@@ -116,12 +137,7 @@ def load_model(root: Path, name: str) -> ModelShape:
     if not path.is_file():
         known = ", ".join(available_models(root)) or "none"
         raise ModelConfigError(f"unknown model {name!r}: no {path}; available: {known}")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelConfigError(f"{path}: cannot be read as JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise ModelConfigError(f"{path}: must be a JSON object")
+    cfg = read_config(path)
     model_type = str(_field(cfg, path, "model_type"))
     heads = int(_field(cfg, path, "num_attention_heads"))
     hidden = int(_field(cfg, path, "hidden_size"))

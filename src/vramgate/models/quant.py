@@ -29,23 +29,29 @@ biases and MoE routers stay in 16 bits (DeepSeek-V3's router correction bias
 in fp32, as its checkpoint stores it); every other linear layer of a decoder
 layer is quantized. DeepSeek-V3's multi-token-prediction layers are not part
 of the served model's weights and are left out.
+
+What vLLM's CPU engine keeps of such a checkpoint after loading it is
+:mod:`vramgate.models.cpu_resident`; ``config.json`` is read by
+:func:`vramgate.models.config.read_config`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from vramgate.machine import isa
+from vramgate.models.config import read_config
 
 #: Bytes per element of a safetensors dtype.
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1}
 #: safetensors dtype of a model dtype name.
 MODEL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 DEFAULT_GROUP_SIZE = 128
+
+#: The reader of ``config.json`` this module used to define: the same function as
+#: :func:`vramgate.models.config.read_config` (kept importable here under its former name).
+load_config = read_config
 
 
 class QuantConfigError(ValueError):
@@ -296,88 +302,6 @@ def weight_size(cfg: dict[str, Any], scheme: str, group_size: int = DEFAULT_GROU
                       total_bytes=linear_bytes + dense_bytes, linear_bytes=linear_bytes, dense_bytes=dense_bytes,
                       linear_params=sum(lin.in_features * lin.out_features for lin in lay.linears),
                       dense_params=sum(t.numel for t in lay.dense))
-
-
-@dataclass(frozen=True)
-class Resident:
-    """What vLLM 0.32.0's CPU engine keeps as model parameters after loading a checkpoint."""
-
-    parameter_bytes: int
-    differences: tuple[tuple[str, int], ...]
-    """(what, bytes) that the parameters differ from the checkpoint by (negative: not kept)."""
-
-
-#: Llama-style HF modules vLLM 0.32.0 fuses into one layer: q/k/v -> qkv_proj, gate/up -> gate_up_proj.
-_LLAMA_VLLM_MODULES_PER_LAYER = 4
-
-
-def vllm_cpu_resident(cfg: dict[str, Any], scheme: str, group_size: int = DEFAULT_GROUP_SIZE,
-                      where: str = "config", *, isa_class: str) -> Resident:
-    """Parameter bytes vLLM 0.32.0's CPU engine holds after loading a *scheme* checkpoint of a Llama-style *cfg*,
-    on a CPU of ISA class *isa_class* (:mod:`vramgate.machine.isa`).
-
-    Note [CPU resident weights]: what vLLM keeps differs from the checkpoint,
-    deterministically (read in vLLM 0.32.0's source, confirmed by the
-    quantization suite's engine runs):
-
-    - 16-bit, AVX-512 and up: every unquantized ``nn.Linear`` of the decoder
-      layers is handed to oneDNN (``dispatch_cpu_unquantized_gemm(remove_weight=True)``):
-      its packed copy lives outside the module and the parameter becomes empty.
-      The LM head keeps its parameter (``remove_weight=False``) next to its
-      oneDNN copy. So the parameters hold embeddings, norms and the LM head
-      only; the linear weights are still in memory, invisible to a parameter
-      count. Below AVX-512 oneDNN cannot create a bf16 matmul ("Failed to
-      create oneDNN linear, fallback to torch linear"): the weights stay
-      parameters (measured on tiny-llama's bf16 checkpoint: 35,129,856 B with
-      ``VRAMGATE_CPU_ISA=avx2``, 32,770,560 B on AVX-512 + BF16; with
-      ``VRAMGATE_CPU_ISA=avx512`` the resident weights are those of AVX-512 + BF16,
-      33,294,880 B in the capacity suite).
-    - ``awq``: ``qweight``, ``qzeros`` and ``scales`` are repacked in place
-      for ``CPUWNA16LinearKernel`` at the same sizes (fp16 scales become the
-      model dtype, also 2 bytes).
-    - ``gptq``: the kernel drops the zeros of a symmetric checkpoint, and vLLM
-      0.32.0 registers no ``g_idx`` parameter (activation reordering is no
-      longer supported), so both are not kept.
-    - ``w4a16``: vLLM fuses q/k/v and gate/up, keeping one ``weight_shape``
-      (16 B) per fused layer instead of one per checkpoint module.
-    """
-    if cfg.get("model_type") not in ("llama", "mistral"):
-        raise QuantConfigError(f"{where}: the CPU resident-bytes model covers llama-style models only "
-                               f"(model_type {cfg.get('model_type')!r})")
-    lay = layout(cfg, where)
-    ckpt = checkpoint_tensors(cfg, scheme, group_size, where)
-    total = sum(t.nbytes for t in ckpt)
-    diffs: list[tuple[str, int]] = []
-    if SCHEMES[scheme].bits == 16:
-        linear_names = {f"{lin.name}.weight" for lin in lay.linears}
-        if isa.at_least(isa_class, "avx512"):
-            diffs.append(("decoder linear weights moved into oneDNN handles (not parameters)",
-                          -sum(t.nbytes for t in ckpt if t.name in linear_names)))
-    elif scheme == "gptq":
-        diffs.append(("qzeros of a symmetric checkpoint, dropped by CPUWNA16LinearKernel",
-                      -sum(t.nbytes for t in ckpt if t.name.endswith(".qzeros"))))
-        diffs.append(("g_idx, not a parameter in vLLM 0.32.0",
-                      -sum(t.nbytes for t in ckpt if t.name.endswith(".g_idx"))))
-    elif scheme == "w4a16":
-        shapes = [t for t in ckpt if t.name.endswith(".weight_shape")]
-        kept = _LLAMA_VLLM_MODULES_PER_LAYER * int(cfg["num_hidden_layers"]) * DTYPE_BYTES["I64"] * 2
-        diffs.append(("weight_shape: one per fused vLLM layer (qkv_proj, gate_up_proj) instead of one per module",
-                      kept - sum(t.nbytes for t in shapes)))
-    elif scheme != "awq":
-        raise QuantConfigError(f"scheme {scheme!r}: no CPU resident-bytes model; accepted: bf16, fp16, "
-                               f"{', '.join(CHECKPOINT_FORMATS)}")
-    return Resident(total + sum(d for _, d in diffs), tuple(diffs))
-
-
-def load_config(path: Path) -> dict[str, Any]:
-    """Read a ``config.json``; a clear error names the file when it cannot be read."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise QuantConfigError(f"{path}: cannot be read as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise QuantConfigError(f"{path}: must be a JSON object")
-    return data
 
 
 def quantization_config(scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, Any]:

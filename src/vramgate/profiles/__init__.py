@@ -1,31 +1,35 @@
 """Optimization profiles: ``patches/<name>/manifest.toml`` and its ordered diffs against vLLM.
 
+- :mod:`vramgate.profiles.manifest`: the manifest (:class:`Profile`, its claims, requirements and checkpoint),
+  finding profiles, and whether this machine meets a profile's hardware needs.
+- :mod:`vramgate.profiles.diff`: unified diffs: parsing, checking their paths, ``git apply``.
+- :mod:`vramgate.profiles.overlay`: the installed target, the patched files, the overlay (Note [overlay]).
+
 Import this layer's public names from here (``from vramgate.profiles import ...``), not from its modules,
 which may split or move.
 """
 
+from vramgate.profiles.diff import FilePatch, Hunk, PatchError, check_path, git_apply, mismatch, parse_diff
 from vramgate.profiles.manifest import (
     CheckpointFormat,
-    PatchError,
     Profile,
     ProfileClaim,
     ProfileError,
     Requirements,
-    build_overlay,
-    check,
     find_profile,
-    installed_target,
     load_profile,
     load_profiles,
-    parse_diff,
     patches_dir,
     profiles_for_suite,
     unmet_here,
     unmet_requirement,
 )
+from vramgate.profiles.overlay import build_overlay, check, installed_target, patched_files
 
 __all__ = [
     "CheckpointFormat",
+    "FilePatch",
+    "Hunk",
     "PatchError",
     "Profile",
     "ProfileClaim",
@@ -33,11 +37,15 @@ __all__ = [
     "Requirements",
     "build_overlay",
     "check",
+    "check_path",
     "find_profile",
+    "git_apply",
     "installed_target",
     "load_profile",
     "load_profiles",
+    "mismatch",
     "parse_diff",
+    "patched_files",
     "patches_dir",
     "profiles_for_suite",
     "unmet_here",

@@ -18,7 +18,7 @@ from vramgate.report.markdown import data_rows, markdown
 from vramgate.report.summary import Summary
 from vramgate.report.table import rows_of
 from vramgate.report.terminal import failure_message
-from vramgate.store.baselines import new_file_mode, stage_text
+from vramgate.store.files import new_file_mode, stage_text
 
 
 def junit_properties(findings: list[Finding]) -> list[tuple[str, str]]:

@@ -1,1 +1,2 @@
-"""Storage: baseline files (readable JSON, atomic locked writes) and the baselines a change moves."""
+"""Storage: baseline files (readable JSON), atomic locked file writes (:mod:`vramgate.store.files`), and the
+baselines a change moves."""
