@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -13,21 +14,22 @@ from pathlib import Path
 import pytest
 
 from vramgate.machine.gpu_processes import alive
-from vramgate.tp import launcher as tp
-from vramgate.tp.launcher import (
+from vramgate.tp import (
     Launcher,
     MLPShape,
     RankResult,
     TPError,
     TPSpec,
     TPSpecError,
-    free_port,
     overlap_fraction,
     peak_change,
-    rank_env,
     read_results,
     run_tp,
 )
+from vramgate.tp.launcher import free_port, rank_env
+
+#: The launcher module (``vramgate.tp.launcher`` as an attribute of the package is its ``launcher`` function).
+tp = importlib.import_module("vramgate.tp.launcher")
 
 SHAPE = MLPShape(tokens=64, hidden=32, intermediate=96)
 

@@ -192,7 +192,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_engine(args: argparse.Namespace) -> int:
     import tempfile
 
-    from vramgate.engine.runner import EngineSpec, apply_profile, run_engine
+    from vramgate.engine import EngineSpec, apply_profile, run_engine
 
     root = _project_root(args.root)
     path = Path(args.spec)

@@ -21,295 +21,22 @@ Nothing here imports torch; :mod:`vramgate.tp.worker` is the torch side.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from vramgate.runtime.process import pythonpath
+from vramgate.runtime import process
+from vramgate.tp.spec import RankResult, TPError, TPSpec, TPSpecError
 
-#: The MLP variants a worker runs (see :mod:`vramgate.tp.worker`); ``fused`` needs CUDA symmetric memory.
-VARIANTS = ("sync", "overlap", "fused")
-DEVICES = ("cpu", "cuda")
-BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-DTYPES = tuple(DTYPE_BYTES)
-LOG_TAIL_LINES = 40
+#: Seconds between two looks at the ranks.
 POLL_S = 0.05
-
-
-class TPSpecError(ValueError):
-    """A tensor-parallel spec that cannot run; names the field and the accepted values."""
-
-
-class TPError(RuntimeError):
-    """A tensor-parallel run that failed: a rank died, exited non-zero, or the run timed out.
-
-    ``rank`` is the rank blamed (None when the whole run timed out), ``log_tail``
-    its output's last lines, ``run_dir`` the run's folder.
-    """
-
-    def __init__(self, message: str, *, rank: int | None = None, log_tail: str = "",
-                 run_dir: Path | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.log_tail = log_tail
-        self.run_dir = run_dir
-
-
-@dataclass(frozen=True)
-class MLPShape:
-    """A gated MLP block (gate/up projection, SiLU-and-multiply, down projection) over ``tokens`` tokens.
-
-    ``intermediate`` is the whole block's intermediate size; each of the
-    ``world_size`` ranks holds ``intermediate / world_size`` of it.
-    """
-
-    tokens: int
-    hidden: int
-    intermediate: int
-
-    def check(self, world_size: int, chunks: int, where: str = "shape") -> None:
-        """Raise :class:`TPSpecError` when the shape cannot be split over *world_size* ranks and *chunks*."""
-        for name in ("tokens", "hidden", "intermediate"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TPSpecError(f"{where} field {name!r} = {value!r}: need a positive integer")
-        if self.tokens % (world_size * chunks):
-            raise TPSpecError(
-                f"{where} field 'tokens' = {self.tokens}: must be a multiple of world_size x chunks = "
-                f"{world_size} x {chunks} = {world_size * chunks} (each rank's sequence shard is split in chunks)")
-        if self.intermediate % world_size:
-            raise TPSpecError(f"{where} field 'intermediate' = {self.intermediate}: must be a multiple of "
-                              f"world_size {world_size} (column/row-parallel split)")
-
-    def weight_bytes_per_rank(self, world_size: int, dtype_bytes: int) -> int:
-        """Bytes of one rank's weight shards: gate/up ``hidden x 2I/w`` and down ``I/w x hidden``."""
-        return 3 * self.hidden * (self.intermediate // world_size) * dtype_bytes
-
-    def tensor_bytes(self, world_size: int, dtype_bytes: int) -> dict[str, int]:
-        """Bytes of the tensors one rank's step creates, and the most of them alive at once (``step_peak``).
-
-        ``gathered`` (tokens x hidden), ``gate_up`` (tokens x 2I/w), ``act``
-        (tokens x I/w), ``down`` (tokens x hidden, the partial sums) and
-        ``out`` (tokens/w x hidden). A step frees each after its consumer:
-        gathered + gate_up, then gate_up + act, act + down, down + out.
-        """
-        i_loc = self.intermediate // world_size
-        t = {
-            "gathered": self.tokens * self.hidden * dtype_bytes,
-            "gate_up": self.tokens * 2 * i_loc * dtype_bytes,
-            "act": self.tokens * i_loc * dtype_bytes,
-            "down": self.tokens * self.hidden * dtype_bytes,
-            "out": self.tokens // world_size * self.hidden * dtype_bytes,
-        }
-        t["step_peak"] = max(t["gathered"] + t["gate_up"], t["gate_up"] + t["act"], t["act"] + t["down"],
-                             t["down"] + t["out"])
-        return t
-
-
-@dataclass(frozen=True)
-class TPSpec:
-    """One tensor-parallel measurement run: what every rank executes."""
-
-    world_size: int
-    device: str
-    shape: MLPShape
-    variants: tuple[str, ...] = ("sync", "overlap")
-    dtype: str = "float32"
-    chunks: int = 4
-    """Pieces each rank's sequence shard is split into for the overlapped variant's pipeline."""
-    samples: int = 12
-    """Measured rounds; each round times every variant, communication alone and compute alone once."""
-    warmup: int = 2
-    seed: int = 0
-    timeout_s: float = 120.0
-    """Deadline for the whole run, from the start of the first rank."""
-    collective_timeout_s: float = 60.0
-    """``torch.distributed`` timeout of each collective."""
-    hold_rank: int | None = None
-    """A rank that waits ``hold_s`` seconds after its warm-up (``rank<R>.holding`` marks it), to test failures."""
-    hold_s: float = 0.0
-
-    @property
-    def backend(self) -> str:
-        return BACKENDS[self.device]
-
-    def validate(self, where: str = "tp spec") -> None:
-        """Raise :class:`TPSpecError` naming the first field that cannot run."""
-
-        def positive_int(name: str, value: object, minimum: int = 1) -> None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise TPSpecError(f"{where} field {name!r} = {value!r}: need an integer >= {minimum}")
-
-        positive_int("world_size", self.world_size)
-        if self.device not in DEVICES:
-            raise TPSpecError(f"{where} field 'device' = {self.device!r}: accepted: {', '.join(DEVICES)}")
-        if not isinstance(self.shape, MLPShape):
-            raise TPSpecError(f"{where} field 'shape': need an MLPShape, got {type(self.shape).__name__}")
-        positive_int("chunks", self.chunks)
-        positive_int("samples", self.samples, 2)
-        positive_int("warmup", self.warmup, 0)
-        positive_int("seed", self.seed, 0)
-        self.shape.check(self.world_size, self.chunks, f"{where} shape")
-        if not self.variants:
-            raise TPSpecError(f"{where} field 'variants': need at least one of {', '.join(VARIANTS)}")
-        for v in self.variants:
-            if v not in VARIANTS:
-                raise TPSpecError(f"{where} field 'variants': {v!r} is not one of {', '.join(VARIANTS)}")
-        if len(set(self.variants)) != len(self.variants):
-            raise TPSpecError(f"{where} field 'variants': {list(self.variants)} names a variant twice")
-        if "fused" in self.variants and self.device != "cuda":
-            raise TPSpecError(f"{where} field 'variants': 'fused' (torch's symmetric-memory fused all-gather "
-                              "matmul) runs on device 'cuda' only")
-        if self.dtype not in DTYPES:
-            raise TPSpecError(f"{where} field 'dtype' = {self.dtype!r}: accepted: {', '.join(DTYPES)}")
-        for name in ("timeout_s", "collective_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise TPSpecError(f"{where} field {name!r} = {value!r}: need a positive number of seconds")
-        if self.hold_rank is not None and not (
-                isinstance(self.hold_rank, int) and 0 <= self.hold_rank < self.world_size):
-            raise TPSpecError(f"{where} field 'hold_rank' = {self.hold_rank!r}: need a rank in "
-                              f"0..{self.world_size - 1} or None")
-        if isinstance(self.hold_s, bool) or not isinstance(self.hold_s, int | float) or self.hold_s < 0:
-            raise TPSpecError(f"{where} field 'hold_s' = {self.hold_s!r}: need a number of seconds >= 0")
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["variants"] = list(self.variants)
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "tp spec") -> TPSpec:
-        """Build and validate a spec; errors name *where* and the field."""
-        if not isinstance(data, dict):
-            raise TPSpecError(f"{where}: must be a JSON object")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise TPSpecError(f"{where}: unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(names))}")
-        shape = data.get("shape")
-        if not isinstance(shape, dict) or set(shape) != {"tokens", "hidden", "intermediate"}:
-            raise TPSpecError(f"{where} field 'shape': need an object with tokens, hidden, intermediate; got {shape!r}")
-        fields = dict(data)
-        fields["shape"] = MLPShape(**shape)
-        if isinstance(fields.get("variants"), list):
-            fields["variants"] = tuple(fields["variants"])
-        try:
-            spec = cls(**fields)
-        except TypeError as exc:
-            raise TPSpecError(f"{where}: {exc}") from None
-        spec.validate(where)
-        return spec
-
-
-@dataclass
-class VariantResult:
-    """What one rank measured for one MLP variant."""
-
-    step_s: list[float]
-    """Wall time of each measured step (one per round), after a barrier that lines the ranks up."""
-    peak_bytes: list[int]
-    """Peak memory each measured step added (CPU: peak RSS; CUDA: allocator peak + memory outside the allocator)."""
-    max_abs_err: float
-    """Largest difference of this rank's output rows from a single-process reference."""
-    allocator_peak_bytes: list[int] = field(default_factory=list)
-    """CUDA only: the caching allocator's peak above what was allocated at the step's start."""
-    comm_s: list[float] = field(default_factory=list)
-    """Per round: this variant's collectives alone, without the compute (the ``fused`` variant cannot be split:
-    its figure is the plain all-gather and reduce-scatter of the same tensors)."""
-    comm_peak_bytes: list[int] = field(default_factory=list)
-    """Per round: peak memory the collectives alone added (with the tensors they are handed)."""
-    outside_allocator_bytes: int | None = None
-    """CUDA only: device memory (NVML) the variant added that the allocator did not reserve (NCCL, symmetric memory)."""
-
-
-@dataclass
-class RankResult:
-    """One rank's result file (``rank<R>.json``)."""
-
-    rank: int
-    world_size: int
-    backend: str
-    device: str
-    device_name: str
-    versions: dict[str, str]
-    memory_probe: str
-    variants: dict[str, VariantResult]
-    compute_s: list[float]
-    """Per round: the MLP's compute alone, on an input already gathered."""
-    tolerance: float
-    """The largest output error accepted against the reference (relative to its largest value)."""
-    reference_max_abs: float
-    notes: list[str] = field(default_factory=list)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> RankResult:
-        """Parse a rank's result; :class:`TPError` naming *where* and the field when it is malformed."""
-        if not isinstance(data, dict):
-            raise TPError(f"{where}: must be a JSON object")
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in data and n != "notes"]
-        if missing:
-            raise TPError(f"{where}: missing field(s) {', '.join(missing)}")
-        variants = data["variants"]
-        if not isinstance(variants, dict) or not variants:
-            raise TPError(f"{where} field 'variants': need an object of variant results, got {variants!r}")
-        parsed: dict[str, VariantResult] = {}
-        vnames = {f.name for f in dataclasses.fields(VariantResult)}
-        for name, v in variants.items():
-            if not isinstance(v, dict) or not {"step_s", "peak_bytes", "max_abs_err", "comm_s"} <= set(v):
-                raise TPError(f"{where} field 'variants.{name}': need step_s, peak_bytes, comm_s and max_abs_err")
-            parsed[name] = VariantResult(**{k: val for k, val in v.items() if k in vnames})
-        if not isinstance(data["compute_s"], list) or len(data["compute_s"]) < 2:
-            raise TPError(f"{where} field 'compute_s': need a list of at least 2 samples")
-        rounds = len(data["compute_s"])
-        for name, v in parsed.items():
-            if not len(v.step_s) == len(v.peak_bytes) == len(v.comm_s) == len(v.comm_peak_bytes) == rounds:
-                raise TPError(f"{where} field 'variants.{name}': {len(v.step_s)} step times, {len(v.peak_bytes)} "
-                              f"peaks and {len(v.comm_s)} communication times for {rounds} rounds")
-        fields = {n: data[n] for n in names if n in data}
-        fields["variants"] = parsed
-        return cls(**fields)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def overlap(self, variant: str) -> list[float]:
-        """Per round, the fraction of the shorter of communication and compute that *variant* hid."""
-        v = self.variants[variant]
-        return [overlap_fraction(c, k, s) for c, k, s in zip(v.comm_s, self.compute_s, v.step_s, strict=True)]
-
-
-def overlap_fraction(t_comm: float, t_compute: float, t_step: float) -> float:
-    """How much of the shorter of communication and compute a step hid, in [0, 1].
-
-    ``(t_comm + t_compute - t_step) / min(t_comm, t_compute)``, clipped: 0 when
-    the step took as long as both run back to back, 1 when it took no longer
-    than the longer one alone.
-    """
-    for name, value in (("t_comm", t_comm), ("t_compute", t_compute), ("t_step", t_step)):
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"overlap_fraction: {name} must be a positive number of seconds, got {value!r}")
-    hidden = (t_comm + t_compute - t_step) / min(t_comm, t_compute)
-    return min(1.0, max(0.0, hidden))
-
-
-def peak_change(baseline: float, candidate: float) -> float:
-    """Relative change of *candidate*'s peak against *baseline*'s (-0.19 = 19% lower)."""
-    if baseline <= 0:
-        raise ValueError(f"peak_change: the baseline peak must be positive, got {baseline!r}")
-    return candidate / baseline - 1.0
+#: Seconds every rank gets to end after SIGTERM before the process groups are killed.
+RANK_GRACE_S = 5.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -335,26 +62,8 @@ def rank_env(base: Mapping[str, str], *, rank: int, world_size: int, port: int, 
         # One thread per rank: two ranks with two threads each on a two-core machine stall in OpenMP barriers.
         env["OMP_NUM_THREADS"] = "1"
         env["MKL_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = pythonpath(env)
+    env["PYTHONPATH"] = process.pythonpath(env)
     return env
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last *lines* lines of *path* (empty when it cannot be read)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _describe(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with status {rc}"
 
 
 class Launcher:
@@ -394,35 +103,18 @@ class Launcher:
         self.started_at = time.monotonic()
         try:
             for rank in range(self.world_size):
-                with open(self.log_path(rank), "wb") as log:
-                    self.procs.append(subprocess.Popen(
-                        self.command, stdout=log, stderr=subprocess.STDOUT, cwd=self.run_dir,
-                        env=rank_env(self.base_env, rank=rank, world_size=self.world_size, port=port,
-                                     device=self.device),
-                        start_new_session=True,
-                    ))
+                self.procs.append(process.launch(
+                    self.command, self.log_path(rank), cwd=self.run_dir,
+                    env=rank_env(self.base_env, rank=rank, world_size=self.world_size, port=port, device=self.device),
+                ))
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        """Stop every rank's process group: SIGTERM, a grace period, then SIGKILL; reap them all."""
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        for p in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            # The group may hold children of a rank even when the rank itself is gone.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-        for p in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
+        """Stop every rank's process group: SIGTERM, :data:`RANK_GRACE_S`, then SIGKILL; reap them all."""
+        process.kill_groups(self.procs, RANK_GRACE_S)
 
     def __enter__(self) -> Launcher:
         return self.start()
@@ -438,8 +130,8 @@ class Launcher:
         for rank in range(self.world_size):
             if rank == blamed:
                 continue
-            state = _describe(codes[rank]) if rank in codes else "was still running and was stopped"
-            last = tail(self.log_path(rank), 1)
+            state = process.describe_exit(codes[rank]) if rank in codes else "was still running and was stopped"
+            last = process.tail(self.log_path(rank), 1)
             lines.append(f"  rank {rank} {state}" + (f"; its last line: {last}" if last else ""))
         return "\n".join(lines)
 
@@ -454,10 +146,10 @@ class Launcher:
                     blamed = min(failed, key=lambda r: (failed[r] > 0, r))  # a signal death first
                     self.stop()
                     final = {r: p.returncode for r, p in enumerate(self.procs) if p.returncode is not None}
-                    log_tail = tail(self.log_path(blamed))
+                    log_tail = process.tail(self.log_path(blamed))
                     raise TPError(
-                        f"{self.label} rank {blamed} of {self.world_size} {_describe(failed[blamed])} after "
-                        f"{self._elapsed():.1f} s; every rank was stopped\n{self._others(blamed, final)}\n"
+                        f"{self.label} rank {blamed} of {self.world_size} {process.describe_exit(failed[blamed])} "
+                        f"after {self._elapsed():.1f} s; every rank was stopped\n{self._others(blamed, final)}\n"
                         f"--- rank {blamed} log tail ({self.log_path(blamed)}) ---\n{log_tail}",
                         rank=blamed, log_tail=log_tail, run_dir=self.run_dir)
                 if all(rc == 0 for rc in codes.values()):
@@ -465,14 +157,15 @@ class Launcher:
                 if time.monotonic() > deadline:
                     running = [r for r, rc in codes.items() if rc is None]
                     self.stop()
-                    tails = "\n".join(f"--- rank {r} log tail ({self.log_path(r)}) ---\n{tail(self.log_path(r))}"
-                                      for r in running)
+                    tails = "\n".join(
+                        f"--- rank {r} log tail ({self.log_path(r)}) ---\n{process.tail(self.log_path(r))}"
+                        for r in running)
                     raise TPError(
                         f"{self.label} run timed out after {self.timeout_s:g} s with rank(s) "
                         f"{', '.join(map(str, running))} of {self.world_size} still running; every rank was "
                         f"stopped\n{tails}",
                         rank=running[0] if len(running) == 1 else None,
-                        log_tail=tail(self.log_path(running[0])), run_dir=self.run_dir)
+                        log_tail=process.tail(self.log_path(running[0])), run_dir=self.run_dir)
                 time.sleep(POLL_S)
         except BaseException:
             self.stop()
@@ -513,7 +206,7 @@ def read_results(run_dir: Path, world_size: int) -> list[RankResult]:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise TPError(f"rank {rank} exited 0 but left no readable result {path} ({exc})\n"
-                          f"--- rank {rank} log tail ---\n{tail(run_dir / f'rank{rank}.log')}",
+                          f"--- rank {rank} log tail ---\n{process.tail(run_dir / f'rank{rank}.log')}",
                           rank=rank, run_dir=run_dir) from None
         result = RankResult.from_json(data, str(path))
         if result.rank != rank:
@@ -535,6 +228,6 @@ def run_tp(spec: TPSpec, run_dir: Path, *, env: Mapping[str, str] | None = None,
                 ranks.wait()
             break
         except TPError:
-            if attempt == attempts or "address already in use" not in tail(run_dir / "rank0.log").lower():
+            if attempt == attempts or "address already in use" not in process.tail(run_dir / "rank0.log").lower():
                 raise
     return read_results(run_dir, spec.world_size)
