@@ -11,7 +11,7 @@ import pytest
 from vramgate.engine.runner import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere
 from vramgate.models.config import ModelShape, load_model
 from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
-from vramgate.sim.simulate import SimResult, simulate
+from vramgate.sim.simulator import SimResult, simulate
 from vramgate.workloads import Workload
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine.runner import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
+from vramgate.engine import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 

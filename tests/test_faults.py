@@ -31,8 +31,8 @@ import pytest
 from patch_support import tree_digest
 from vramgate.core.metrics import Metric
 from vramgate.core.provenance import Provenance
+from vramgate.engine import KV_TOO_SMALL, EngineError, EngineResult, EngineSpec, run_engine
 from vramgate.engine import runner as engine
-from vramgate.engine.runner import EngineError, EngineSpec, run_engine
 from vramgate.machine.gpu_processes import alive
 from vramgate.profiles import PatchError, ProfileError, build_overlay, load_profile
 from vramgate.pytest_plugin.hygiene import (
@@ -45,6 +45,7 @@ from vramgate.pytest_plugin.hygiene import (
 )
 from vramgate.report import data as report_data
 from vramgate.report.table import Row
+from vramgate.runtime import process
 from vramgate.store import files
 from vramgate.store.baselines import DirectoryStorage, NodeBaseline
 
@@ -467,11 +468,11 @@ def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (pkg.parent / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     monkeypatch.setattr(engine, "validate", lambda spec, root, tier=None: None)
-    monkeypatch.setattr(engine, "KILL_GRACE_S", 1.0)
+    monkeypatch.setattr(process, "KILL_GRACE_S", 1.0)
     return pkg
 
 
-def run_fake(fake: Path, tmp_path: Path, code: str, **spec: Any) -> engine.EngineResult:
+def run_fake(fake: Path, tmp_path: Path, code: str, **spec: Any) -> EngineResult:
     (fake / "worker.py").write_text(textwrap.dedent(code))
     return run_engine(EngineSpec(model="tiny-llama", block_size=32, **spec), ROOT, tmp_path / "run",
                       extra_pythonpath=[fake.parent.parent])
@@ -549,7 +550,7 @@ def test_engine_hung_past_its_timeout(
     assert "loading model (fake)" in info.value.log_tail
     pids = [int(x) for x in (tmp_path / "run" / "pids").read_text().split()]
     assert gone(pids, timeout=1.0), "a process of the hung engine survived"
-    assert took < 5 + engine.KILL_GRACE_S + 5
+    assert took < 5 + process.KILL_GRACE_S + 5
 
 
 KV_TOO_SMALL_LOG = """
@@ -580,7 +581,7 @@ def test_engine_error_names_the_cause_and_the_gate_figures(fake_worker: Path, tm
         "engine for tiny-llama exited with status 1: KV cache budget too small for one request of max_model_len "
         "(KV budget 524,288 B (512.00 KiB); one request of max_model_len 2048 tokens needs 2,129,920 B (2.03 MiB) "
         "at 1024 B/token) (ValueError: To serve at least one request with the model's max seq len (2048)")
-    assert info.value.cause == engine.KV_TOO_SMALL
+    assert info.value.cause == KV_TOO_SMALL
     with pytest.raises(EngineError) as info:
         run_fake(fake_worker, tmp_path, CUDA_OOM_LOG)
     assert info.value.cause == "device out of memory"
@@ -590,7 +591,7 @@ def test_engine_error_names_the_cause_and_the_gate_figures(fake_worker: Path, tm
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("[1, 2]", "that is not an engine result (expected a JSON object, got list)"),
+    [("[1, 2]", "that is not an engine result (must be a JSON object, got list)"),
      ('{"spec": {}, "device": "cpu"}', "that is not an engine result (missing field(s) kv, latency, memory, "
                                        "scheduler, timing, versions)"),
      ('{"spec": {', "left no readable result (Expecting property name")],

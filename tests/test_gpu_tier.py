@@ -10,17 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine.runner import EngineSpec, engine_env
-from vramgate.engine.worker import (
-    GPU_HEADROOM_BYTES,
-    GPU_UTILIZATION_MAX,
-    _worker_allocator,
-    gpu_utilization,
-    llm_kwargs,
-)
+from vramgate.engine import EngineSpec, engine_env
+from vramgate.engine.arguments import GPU_HEADROOM_BYTES, GPU_UTILIZATION_MAX, gpu_utilization, llm_kwargs
+from vramgate.engine.measure import worker_allocator
 from vramgate.machine import hardware
 from vramgate.profiles.manifest import find_profile, unmet_here
-from vramgate.sim.simulate import settings_of_engine
+from vramgate.sim import settings_of_engine
 from vramgate.tools.install import gpu_torch_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,10 +73,10 @@ def test_allocator_figures_come_from_the_rank(monkeypatch: pytest.MonkeyPatch) -
                                  max_memory_allocated=lambda d: 1000 + d, max_memory_reserved=lambda d: 2000 + d,
                                  memory_allocated=lambda d: 500 + d)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    assert _worker_allocator(object()) == {"cuda_max_allocated_bytes": 1003, "cuda_max_reserved_bytes": 2003,
+    assert worker_allocator(object()) == {"cuda_max_allocated_bytes": 1003, "cuda_max_reserved_bytes": 2003,
                                            "cuda_allocated_bytes": 503}
     cuda.is_available = lambda: False
-    assert _worker_allocator(object()) == {}
+    assert worker_allocator(object()) == {}
 
 
 # -- 9. profiles' hardware needs against the GPUs this process sees -----------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine.runner import EngineSpec, SpecError, UnsupportedHere, kernel_problem, validate
+from vramgate.engine import EngineSpec, SpecError, UnsupportedHere, kernel_problem, validate
 from vramgate.machine import hardware, isa
 
 ROOT = Path(__file__).resolve().parents[1]

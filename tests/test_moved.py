@@ -84,7 +84,7 @@ def test_the_former_names_export_their_public_names() -> None:
         from vramgate.simulate import simulate
     from vramgate.profiles import ProfileClaim as claim_now
     from vramgate.profiles.overlay import build_overlay as build_now
-    from vramgate.sim.simulate import simulate as simulate_now
+    from vramgate.sim.simulator import simulate as simulate_now
 
     assert (ProfileClaim, build_overlay, simulate) == (claim_now, build_now, simulate_now)
 

@@ -13,21 +13,20 @@ from pathlib import Path
 import pytest
 
 from vramgate.machine.gpu_processes import alive
-from vramgate.tp import launcher as tp
-from vramgate.tp.launcher import (
+from vramgate.tp import (
     Launcher,
     MLPShape,
     RankResult,
     TPError,
     TPSpec,
     TPSpecError,
-    free_port,
     overlap_fraction,
     peak_change,
-    rank_env,
     read_results,
     run_tp,
 )
+from vramgate.tp import launch as tp
+from vramgate.tp.launch import free_port, rank_env
 
 SHAPE = MLPShape(tokens=64, hidden=32, intermediate=96)
 
@@ -91,7 +90,7 @@ def test_rank_env() -> None:
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
     assert env["OMP_NUM_THREADS"] == "1" and env["PATH"] == "/bin"
     assert env["PYTHONPATH"].endswith(os.pathsep + "elsewhere")
-    assert Path(env["PYTHONPATH"].split(os.pathsep)[0], "vramgate", "tp", "launcher.py").is_file()
+    assert Path(env["PYTHONPATH"].split(os.pathsep)[0], "vramgate", "tp", "launch.py").is_file()
     assert "OMP_NUM_THREADS" not in rank_env({}, rank=0, world_size=2, port=1, device="cuda")
 
 

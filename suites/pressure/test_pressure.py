@@ -14,7 +14,7 @@ import pytest
 
 from vramgate.engine.runner import EngineSpec
 from vramgate.pytest_plugin.fixture import Gate
-from vramgate.sim.simulate import settings_of_engine
+from vramgate.sim.simulator import settings_of_engine
 from vramgate.workloads import build
 
 #: KV pool of the simulated run: 2,048 blocks of 16 tokens (32k tokens) for up to 256 sequences.

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from vramgate.pytest_plugin.fixture import Gate
-from vramgate.sim.simulate import simulate
+from vramgate.sim.simulator import simulate
 from vramgate.workloads import build
 
 

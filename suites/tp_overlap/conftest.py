@@ -1,4 +1,4 @@
-"""Fixtures of the tensor-parallel suite: run a :class:`~vramgate.tp.launcher.TPSpec` as real process groups."""
+"""Fixtures of the tensor-parallel suite: run a :class:`~vramgate.tp.launch.TPSpec` as real process groups."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.tp.launcher import RankResult, TPError, TPSpec, run_tp
+from vramgate.tp.launch import RankResult, TPError, TPSpec, run_tp
 
 
 class TPRunner:
@@ -30,7 +30,7 @@ class TPRunner:
 
 @pytest.fixture(scope="session")
 def tp_runner(tmp_path_factory: pytest.TempPathFactory) -> TPRunner:
-    """Run a :class:`~vramgate.tp.launcher.TPSpec` on its ranks: ``tp_runner.run(spec)`` -> one result per rank.
+    """Run a :class:`~vramgate.tp.launch.TPSpec` on its ranks: ``tp_runner.run(spec)`` -> one result per rank.
 
     Needs torch (skips without it). Each run's spec, per-rank logs and results
     stay in this session's temporary folder.

@@ -7,7 +7,7 @@ collective completes, and the transport may keep buffers of its own.
 
 Measured on a Megatron-style sequence-parallel MLP block (all-gather of the
 sequence shards, column-parallel gate/up, SiLU-and-multiply, row-parallel
-down, reduce-scatter) run as real process groups (:mod:`vramgate.tp.launcher`): gloo
+down, reduce-scatter) run as real process groups (:mod:`vramgate.tp.launch`): gloo
 with 2 ranks on CPU, NCCL with 2/4/8 ranks on GPUs. Variants: blocking
 collectives (``sync``); the same collectives issued asynchronously and
 overlapped with the matmuls (``overlap``); on CUDA, torch's symmetric-memory
@@ -45,7 +45,7 @@ import pytest
 from vramgate.core.metrics import median
 from vramgate.machine.gpu_processes import alive
 from vramgate.pytest_plugin.fixture import Gate
-from vramgate.tp.launcher import (
+from vramgate.tp.launch import (
     DTYPE_BYTES,
     Launcher,
     MLPShape,

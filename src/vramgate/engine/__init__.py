@@ -8,21 +8,27 @@ from vramgate.engine.paired import (
     PairedEngines,
     PairedResult,
     paired_defaults,
+    round_ratios,
+    round_stat,
 )
 from vramgate.engine.runner import (
-    KV_TOO_SMALL,
     EngineCache,
     EngineError,
     EngineResult,
+    engine_env,
+    run_engine,
+)
+from vramgate.engine.spec import (
+    KV_TOO_SMALL,
     EngineSpec,
     SpecError,
     UnsupportedHere,
+    apply_profile,
     backend_problem,
     cpu_backend_problem,
     engine_tier,
     kernel_problem,
     kv_need,
-    run_engine,
     validate,
 )
 
@@ -36,12 +42,16 @@ __all__ = [
     "PairedResult",
     "SpecError",
     "UnsupportedHere",
+    "apply_profile",
     "backend_problem",
     "cpu_backend_problem",
+    "engine_env",
     "engine_tier",
     "kernel_problem",
     "kv_need",
     "paired_defaults",
+    "round_ratios",
+    "round_stat",
     "run_engine",
     "validate",
 ]

