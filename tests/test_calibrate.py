@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine.paired import EngineServer, Round, paired_defaults, round_ratios, round_stat
 from vramgate.engine import EngineError, EngineSpec
+from vramgate.engine.paired import EngineServer, Round, paired_defaults, round_ratios, round_stat
 from vramgate.tools.calibration.engine_latency import (
     PLANTED_EXACT,
     Rate,
