@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
+from vramgate import Gate
 from vramgate.models.attention import AttentionShape
-from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 

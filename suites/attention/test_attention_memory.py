@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
+from vramgate import Gate
 from vramgate.machine.probes.cpu import PeakRSS
 from vramgate.models.attention import TORCH_FLASH_EXTRA, AttentionShape, explain_splits, torch_flash_transient_bytes
-from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 

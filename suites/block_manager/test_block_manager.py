@@ -2,28 +2,22 @@
 
 Each profile under ``patches/`` that names this suite runs next to the baseline:
 the simulator (vLLM's real scheduler, a 5,000-request ShareGPT-like trace under
-KV pressure) and the real CPU engine (the ``pressure_spec`` fixture, shared with the pressure suite). Every figure
+KV pressure) and the real CPU engine (``PRESSURE_SPEC``, shared with the pressure suite). Every figure
 is gated per profile; each profile's claims are checked against the baseline
 run and their verdicts reported, held or not.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from vramgate.engine.runner import EngineSpec, cpu_backend_problem, engine_tier
-from vramgate.profiles.manifest import Profile, find_profile, profiles_for_suite, unmet_here
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate import Gate
+from vramgate.engine import EngineResult, cpu_backend_problem, engine_tier
+from vramgate.profiles import Profile, unmet_here
+from vramgate.sim import SimResult
+from vramgate.testing import PRESSURE_SPEC, Engine, ModelLoader, Simulator, check_claims
+from vramgate.workloads import build
 
-ROOT = Path(__file__).resolve().parents[2]
-PROFILE = [pytest.param("baseline", id="baseline")] + [
-    pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "block_manager")
-]
 SIM_REQUESTS = 5000
 SIM_KV_BLOCKS = 4096
 #: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
@@ -32,67 +26,35 @@ SIM_KV_BLOCKS = 4096
 TOLERANCE = 1.0 if engine_tier() == "cpu" else None
 
 
-def _profile(name: str) -> Profile | None:
-    if name == "baseline":
-        return None
-    profile = find_profile(ROOT, name)
-    problem = unmet_here(profile, "cpu" if engine_tier() == "cpu" else "cuda")
-    if problem:
-        pytest.skip(problem)
-    return profile
+def skip_unmet(profile: Profile | None) -> None:
+    """Skip when this machine does not meet *profile*'s hardware needs."""
+    if profile is not None:
+        problem = unmet_here(profile, "cpu" if engine_tier() == "cpu" else "cuda")
+        if problem:
+            pytest.skip(problem)
 
 
-class SimRuns:
-    """The simulator through its command line, with or without a profile (its overlay in a subprocess)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.results: dict[str, dict[str, Any]] = {}
-
-    def run(self, name: str) -> dict[str, Any]:
-        import json
-        import os
-
-        if name not in self.results:
-            cmd = [sys.executable, "-m", "vramgate", "simulate", "--model", "tiny-llama", "--workload", "sharegpt",
-                   "--requests", str(SIM_REQUESTS), "--seed", "0", "--kv-blocks", str(SIM_KV_BLOCKS), "--json"]
-            if name != "baseline":
-                cmd += ["--profile", name]
-            env = dict(os.environ, VRAMGATE_OVERLAY_DIR=str(self.tmp / "overlays"))
-            out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
-            if out.returncode != 0:
-                pytest.fail(f"simulator with profile {name} failed:\n{out.stderr[-4000:]}", pytrace=False)
-            self.results[name] = json.loads(out.stdout)
-        return self.results[name]
+def simulate(simulator: Simulator, profile: Profile | None) -> SimResult:
+    """The 5,000-request ShareGPT-like trace under KV pressure, with *profile* applied (its overlay in a child)."""
+    workload = build("sharegpt", requests=SIM_REQUESTS, seed=0, max_model_len=4096)
+    return simulator.run("tiny-llama", workload, profile=profile, block_size=16, num_gpu_blocks=SIM_KV_BLOCKS,
+                         max_model_len=4096)
 
 
-@pytest.fixture(scope="module")
-def sim_runs(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> SimRuns:
-    return SimRuns(tmp_path_factory.mktemp("block-manager"))
-
-
-def check_claims(gate: Gate, profile: Profile, workload: str, patched: dict[str, float],
-                 baseline: dict[str, float]) -> None:
-    """The verdict of each claim of *profile* on *workload*; a claim on an unmeasured metric fails the test."""
-    try:
-        gate.profile_claims(profile, workload, patched, baseline)
-    except ValueError as exc:
-        pytest.fail(str(exc), pytrace=False)
-
-
-def sim_figures(data: dict[str, Any]) -> dict[str, float]:
+def sim_figures(result: SimResult) -> dict[str, float]:
+    """The simulated run's figures that profiles' claims may name."""
+    data = result.figures()
     return {k: float(data[k]) for k in ("peak_blocks_used", "preemptions", "preempted_requests", "recomputed_tokens",
                                         "prefix_cache_hit_rate", "internal_waste_mean", "throughput_tokens_per_s")}
 
 
-@pytest.mark.parametrize("profile", PROFILE)
-def test_simulated_pressure(gate: Gate, sim_runs: SimRuns, profile: str) -> None:
-    prof = _profile(profile)
-    if prof is not None and not prof.series and set(prof.engine_args) <= {"kv_cache_dtype"}:
-        pytest.skip(f"profile {profile} changes only the KV dtype; at a fixed block count the scheduler sees no "
-                    "difference (its effect, capacity, is measured by the engine test)")
-    data = sim_runs.run(profile)
-    figures = sim_figures(data)
+@pytest.mark.gate_profiles("block_manager", reference="baseline")
+def test_simulated_pressure(gate: Gate, simulator: Simulator, profile: Profile | None) -> None:
+    skip_unmet(profile)
+    if profile is not None and not profile.series and set(profile.engine_args) <= {"kv_cache_dtype"}:
+        pytest.skip(f"profile {profile.name} changes only the KV dtype; at a fixed block count the scheduler sees "
+                    "no difference (its effect, capacity, is measured by the engine test)")
+    figures = sim_figures(simulate(simulator, profile))
     gate.record("peak_blocks", figures["peak_blocks_used"], unit="blocks", ceiling=SIM_KV_BLOCKS - 1)
     gate.record("preemptions", figures["preemptions"], unit="count")
     gate.record("preempted_requests", figures["preempted_requests"], unit="requests")
@@ -102,11 +64,12 @@ def test_simulated_pressure(gate: Gate, sim_runs: SimRuns, profile: str) -> None
     gate.record("internal_waste", round(figures["internal_waste_mean"], 6), unit="ratio", tolerance=1e-6)
     gate.record("virtual_throughput", round(figures["throughput_tokens_per_s"], 3), unit="tokens/s",
                 better="higher", tolerance=1e-6)
-    if prof is not None:
-        check_claims(gate, prof, "sharegpt-pressure", figures, sim_figures(sim_runs.run("baseline")))
+    if profile is not None:
+        check_claims(gate, profile, "sharegpt-pressure", figures, sim_figures(simulate(simulator, None)))
 
 
-def engine_figures(result: Any) -> dict[str, float]:
+def engine_figures(result: EngineResult) -> dict[str, float]:
+    """The engine run's figures that profiles' claims may name."""
     sched, lat = result.scheduler, result.latency
     return {
         "preemptions": float(sched["preemptions"]),
@@ -117,16 +80,16 @@ def engine_figures(result: Any) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize("profile", PROFILE)
-def test_engine_pressure(gate: Gate, engine, model_shape, pressure_spec: EngineSpec, profile: str) -> None:
+@pytest.mark.gate_profiles("block_manager", reference="baseline")
+def test_engine_pressure(gate: Gate, engine: Engine, model_shape: ModelLoader, profile: Profile | None) -> None:
     """The pressure suite's engine run, with each profile applied."""
-    prof = _profile(profile)
-    spec = pressure_spec if prof is None else pressure_spec.replace(profile=prof.name)
-    if prof is not None and engine_tier() == "cpu":
-        dtype = str(prof.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
+    skip_unmet(profile)
+    spec = PRESSURE_SPEC if profile is None else PRESSURE_SPEC.replace(profile=profile.name)
+    if profile is not None and engine_tier() == "cpu":
+        dtype = str(profile.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
         problem = cpu_backend_problem(spec.replace(kv_cache_dtype=dtype), model_shape(spec.model).use_mla)
         if problem:
-            pytest.skip(f"profile {profile} on this tier: {problem}")
+            pytest.skip(f"profile {profile.name} on this tier: {problem}")
     result = engine.run(spec)
     figures = engine_figures(result)
     gate.record("preemptions", figures["preemptions"], unit="count")
@@ -134,5 +97,5 @@ def test_engine_pressure(gate: Gate, engine, model_shape, pressure_spec: EngineS
     gate.record("capacity_tokens", figures["capacity_tokens"], unit="tokens", better="higher")
     per_request = [n / e for n, e in zip(result.latency["output_lens"], result.latency["e2e_s"], strict=True) if e]
     gate.record_samples("request_throughput", per_request, unit="tokens/s", better="higher", tolerance=TOLERANCE)
-    if prof is not None:
-        check_claims(gate, prof, "engine-pressure", figures, engine_figures(engine.run(pressure_spec)))
+    if profile is not None:
+        check_claims(gate, profile, "engine-pressure", figures, engine_figures(engine.run(PRESSURE_SPEC)))

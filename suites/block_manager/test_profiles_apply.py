@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.profiles import PatchError, build_overlay, check, installed_target, load_profile, load_profiles
-
-ROOT = Path(__file__).resolve().parents[2]
+from vramgate.engine import EngineSpec, backend_problem
+from vramgate.profiles import PatchError, Profile, build_overlay, check, installed_target, load_profile
 
 
 def digest(paths: list[Path]) -> str:
@@ -21,19 +20,15 @@ def digest(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-@pytest.mark.parametrize("name", [p.name for p in load_profiles(ROOT)])
-def test_profile_applies(vllm_env: Path, name: str) -> None:
-    profile = load_profile(ROOT / "patches" / name)
+@pytest.mark.gate_profiles()
+def test_profile_applies(vllm_env: Path, profile: Profile) -> None:
     assert check(profile) is None
 
 
-@pytest.mark.parametrize("name", [p.name for p in load_profiles(ROOT) if "attention_backend" in p.engine_args])
-def test_backend_profiles_fit_their_backend(vllm_env: Path, name: str) -> None:
+@pytest.mark.gate_profiles(where=lambda p: "attention_backend" in p.engine_args)
+def test_backend_profiles_fit_their_backend(vllm_env: Path, profile: Profile) -> None:
     """On a GPU its [requires] admits, the profile's engine arguments pass vLLM 0.32.0's backend checks; on one
     it does not admit, vLLM's class says why (the gate skips with that reason instead of crashing at start)."""
-    from vramgate.engine.runner import EngineSpec, backend_problem
-
-    profile = load_profile(ROOT / "patches" / name)
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
                       engine_args=dict(profile.engine_args))
     admitted = profile.requires.capability or (8, 0)
@@ -45,8 +40,6 @@ def test_backend_profiles_fit_their_backend(vllm_env: Path, name: str) -> None:
 
 
 def test_backend_block_size_is_checked(vllm_env: Path) -> None:
-    from vramgate.engine.runner import EngineSpec, backend_problem
-
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
                       attention_backend="FLASHMLA")
     found = backend_problem(spec, (9, 0))
@@ -55,8 +48,8 @@ def test_backend_block_size_is_checked(vllm_env: Path) -> None:
     assert unknown is not None and "is not one of vLLM's backends" in unknown[0]
 
 
-def test_refused_profiles_leave_vllm_byte_identical(vllm_env: Path, tmp_path: Path) -> None:
-    good = load_profile(ROOT / "patches" / "block-manager-min-recompute")
+def test_refused_profiles_leave_vllm_byte_identical(vllm_env: Path, project_root: Path, tmp_path: Path) -> None:
+    good = load_profile(project_root / "patches" / "block-manager-min-recompute")
     _, _, package_dir = installed_target(good)
     touched = [package_dir / "v1" / "core" / "sched" / "scheduler.py"]
     before = digest(touched)

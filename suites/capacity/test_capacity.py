@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine.runner import engine_tier
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate import Gate
+from vramgate.engine import engine_tier
+from vramgate.testing import SMALL_RUN_BLOCK_SIZE, Engine, ModelLoader, small_run_spec
 
-#: Block sizes each backend runs: vLLM's CPU attention needs multiples of 32 and its CPU MLA runs 16 only.
-CASES = {
-    "cpu": [("tiny-llama", 32), ("tiny-llama", 64), ("tiny-llama", 128), ("tiny-deepseek-v2", 16)],
-    "gpu": [("tiny-llama", 16), ("tiny-llama", 32), ("tiny-llama", 128), ("tiny-deepseek-v2", 16),
-            ("tiny-deepseek-v2", 64)],
+#: Block sizes each backend runs besides the shared small run's (vLLM's CPU attention needs multiples of 32 and
+#: its CPU MLA runs 16 only): each model's shared block size first (the latency and quantization suites run it
+#: too, so the session runs that engine once), then these.
+MORE_BLOCK_SIZES = {
+    "cpu": {"tiny-llama": (64, 128)},
+    "gpu": {"tiny-llama": (32, 128), "tiny-deepseek-v2": (64,)},
 }
-MODEL_BLOCK_SIZE = [pytest.param(m, b, id=f"{m}-bs{b}") for m, b in CASES[engine_tier()]]
+MODEL_BLOCK_SIZE = [
+    pytest.param(m, b, id=f"{m}-bs{b}")
+    for m, shared in SMALL_RUN_BLOCK_SIZE[engine_tier()].items()
+    for b in (shared, *MORE_BLOCK_SIZES[engine_tier()].get(m, ()))
+]
 
 
 @pytest.mark.parametrize(("model", "block_size"), MODEL_BLOCK_SIZE)
-def test_engine_kv_capacity(gate: Gate, engine, model_shape, small_run_spec, model: str, block_size: int) -> None:
+def test_engine_kv_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader, model: str, block_size: int) -> None:
     spec = small_run_spec(model, block_size)
     result = engine.run(spec)
     shape = model_shape(model)

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate import Gate
 
 torch = pytest.importorskip("torch")
 

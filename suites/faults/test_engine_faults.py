@@ -29,15 +29,17 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from vramgate.engine.runner import KV_TOO_SMALL, EngineError, EngineSpec, SpecError, kv_need, run_engine, validate
+from vramgate.engine import KV_TOO_SMALL, EngineError, EngineSpec, SpecError, kv_need, run_engine, validate
 from vramgate.machine.gpu_processes import alive
 from vramgate.machine.probes.cpu import children, rss_bytes
 from vramgate.pytest_plugin.plugin import SESSION_NAME
+from vramgate.testing import Engine
 
 MODEL = "tiny-llama"
 #: 2,048 tokens of tiny-llama need 2,129,920 B of KV (1 KiB per token, one null block); vLLM gets 512 KiB.
@@ -85,7 +87,7 @@ def processes_of(run_dir: Path) -> list[int]:
 
 
 @pytest.fixture
-def vllm_untouched(vllm_env: Path) -> Any:
+def vllm_untouched(vllm_env: Path) -> Iterator[None]:
     """Fails the test if any file of the installed vLLM changed while it ran."""
     before = package_digest("vllm")
     yield
@@ -104,7 +106,7 @@ def test_kv_budget_too_small_is_refused_before_an_engine_starts(project_root: Pa
         "max_model_len")
 
 
-def test_kv_budget_too_small_in_the_engine(engine: Any, vllm_untouched: None) -> None:
+def test_kv_budget_too_small_in_the_engine(engine: Engine, vllm_untouched: None) -> None:
     """vLLM's own check refuses the budget; the gate says so, with its figures and vLLM's message."""
     with pytest.raises(EngineError) as info:
         engine.cache.run(OOM_SPEC)
@@ -122,7 +124,7 @@ def test_kv_budget_too_small_in_the_engine(engine: Any, vllm_untouched: None) ->
     assert not (err.run_dir / "result.json").exists()
 
 
-def test_engine_killed_mid_run(engine: Any, vllm_untouched: None, tmp_path: Path) -> None:
+def test_engine_killed_mid_run(engine: Engine, vllm_untouched: None, tmp_path: Path) -> None:
     """SIGKILL to the worker once vLLM builds its engine: a clear failure, and the run leaves no process."""
     run_dir = tmp_path / "run"
     seen: dict[str, Any] = {}
@@ -165,7 +167,7 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.mark.requires_gpus(1)
-def test_kv_budget_beyond_device_memory(engine: Any, vllm_untouched: None, request: pytest.FixtureRequest) -> None:
+def test_kv_budget_beyond_device_memory(engine: Engine, vllm_untouched: None, request: pytest.FixtureRequest) -> None:
     """A KV budget twice the device's memory: the KV allocation fails and the gate names the device OOM."""
     session = request.config.pluginmanager.get_plugin(SESSION_NAME)
     total = max(g.memory_bytes for g in session.gpus)

@@ -13,7 +13,8 @@ import math
 
 import pytest
 
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate import Gate
+from vramgate.testing import ModelLoader, Simulator
 from vramgate.workloads import RequestSpec, Workload
 
 MODEL = ["deepseek-v2-lite", "llama-3.1-8b"]
@@ -35,7 +36,8 @@ def loglog_slope(xs: list[int], ys: list[int]) -> float:
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZE, ids=lambda b: f"bs{b}")
 @pytest.mark.parametrize("model", MODEL)
-def test_blocks_and_bytes_linear_in_tokens(gate: Gate, simulator, model_shape, model: str, block_size: int) -> None:
+def test_blocks_and_bytes_linear_in_tokens(gate: Gate, simulator: Simulator, model_shape: ModelLoader, model: str,
+                                           block_size: int) -> None:
     shape = model_shape(model)
     per_block = shape.page_bytes(block_size) * shape.num_layers
     blocks = []
@@ -72,7 +74,7 @@ SIZES = [(100, 1), (1000, 1), (17, 1), (4096, 1), (1, 1), (2500, 1), (333, 1), (
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZE, ids=lambda b: f"bs{b}")
-def test_blocks_are_the_sum_of_per_request_ceilings(gate: Gate, simulator, block_size: int) -> None:
+def test_blocks_are_the_sum_of_per_request_ceilings(gate: Gate, simulator: Simulator, block_size: int) -> None:
     """Eight requests of mixed lengths prefilled in one step hold exactly sum(ceil(len_i / block_size)) blocks."""
     workload = Workload(name="mixed", seed=0, requests=tuple(RequestSpec(p, o) for p, o in SIZES))
     result = simulator.run(

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from vramgate import Gate
 from vramgate.models.config import ModelShape
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate.testing import ModelLoader
 
 MODEL = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
 BLOCK_SIZE = [16, 64, 128]
@@ -30,7 +31,7 @@ CASES = [
 
 @pytest.mark.parametrize(("model", "block_size", "kv_cache_dtype"), CASES)
 def test_kv_page_and_capacity(
-    gate: Gate, vllm_env: Path, model_shape, model: str, block_size: int, kv_cache_dtype: str
+    gate: Gate, vllm_env: Path, model_shape: ModelLoader, model: str, block_size: int, kv_cache_dtype: str
 ) -> None:
     from vramgate.models.vllm_kv import vllm_kv_layout
 
@@ -57,7 +58,7 @@ def test_kv_page_and_capacity(
 
 
 @pytest.mark.parametrize("model", MODEL)
-def test_bytes_per_token_do_not_depend_on_block_size(vllm_env: Path, model_shape, model: str) -> None:
+def test_bytes_per_token_do_not_depend_on_block_size(vllm_env: Path, model_shape: ModelLoader, model: str) -> None:
     """The article's table has block size 16 vs 32 change peak memory; per-token KV bytes cannot."""
     from vramgate.models.vllm_kv import vllm_kv_layout
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine.runner import engine_tier
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate import Gate
+from vramgate.engine import engine_tier
+from vramgate.testing import Engine, small_run_spec
 
 MODEL = ["tiny-llama", "tiny-deepseek-v2"]
 #: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
@@ -20,13 +21,10 @@ MODEL = ["tiny-llama", "tiny-deepseek-v2"]
 TOLERANCE = 1.0 if engine_tier() == "cpu" else None
 
 
-#: Block size per model: one the capacity suite also runs, so the session runs each engine once.
-BLOCK_SIZE = {"tiny-llama": 16 if engine_tier() == "gpu" else 32, "tiny-deepseek-v2": 16}
-
-
 @pytest.mark.parametrize("model", MODEL)
-def test_engine_latency(gate: Gate, engine, small_run_spec, model: str) -> None:
-    result = engine.run(small_run_spec(model, BLOCK_SIZE[model]))
+def test_engine_latency(gate: Gate, engine: Engine, model: str) -> None:
+    """The shared small run (the capacity suite runs it too, so the session runs each engine once)."""
+    result = engine.run(small_run_spec(model))
     lat = result.latency
     assert len(lat["ttft_s"]) == 16, "vLLM returned no per-request stats (disable_log_stats must be False)"
     gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TOLERANCE)

@@ -18,8 +18,8 @@ from dataclasses import replace
 
 import pytest
 
+from vramgate import Gate
 from vramgate.models.moe import MoEShape, expert_load, make_weights, naive_moe, reference_moe, route, workspace_bytes
-from vramgate.pytest_plugin.fixture import Gate
 
 torch = pytest.importorskip("torch")
 

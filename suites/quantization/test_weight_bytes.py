@@ -12,28 +12,22 @@ them, embeddings, LM head and norms in 16 bits. Here it is held against
   from the safetensors header, equal to the model's;
 - what vLLM 0.32.0 holds as parameters after loading each of them, which
   differs from the checkpoint in ways the model explains to the byte
-  (Note [CPU resident weights] in :mod:`vramgate.models.cpu_resident`).
+  (Note [CPU resident weights] in :mod:`vramgate.models.quant`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from vramgate.engine.runner import engine_tier
+from vramgate import Gate
+from vramgate.engine import engine_tier
+from vramgate.models.config import read_config
 from vramgate.models.cpu_resident import vllm_cpu_resident
-from vramgate.models.quant import (
-    SCHEMES,
-    checkpoint_tensors,
-    format_bytes,
-    layout,
-    load_config,
-    weight_size,
-)
-from vramgate.profiles.manifest import find_profile, profiles_for_suite
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate.models.quant import SCHEMES, checkpoint_tensors, format_bytes, layout, weight_size
+from vramgate.profiles import Profile
+from vramgate.testing import Checkpoints, QuantRuns, checkpoint_of
 
 #: Parameter counts as published: Llama's exactly (model cards / checkpoint index), DeepSeek's rounded
 #: (model cards: 15.7B, 236B, 671B without the multi-token-prediction module) with the relative slack they allow.
@@ -56,24 +50,11 @@ CLAIM_FROM, CLAIM_TO = 13.8, 3.6
 #: A claimed figure "matches" the analytic one within this relative difference.
 CLAIM_MATCH = 0.02
 
-ROOT = Path(__file__).resolve().parents[2]
-PROFILES = profiles_for_suite(ROOT, "quantization")
-NAME = [pytest.param("bf16", id="bf16")] + [pytest.param(p.name, id=p.name) for p in PROFILES]
-
-
-def scheme_of(name: str) -> tuple[str, int]:
-    """(checkpoint format, group size) of ``bf16`` or of a quantization profile."""
-    if name == "bf16":
-        return "bf16", 128
-    checkpoint = find_profile(ROOT, name).checkpoint
-    assert checkpoint is not None, f"profile {name} has no [checkpoint] table"
-    return checkpoint.format, checkpoint.group_size
-
 
 @pytest.mark.parametrize("model_name", MODEL_NAME)
-def test_weight_size_model(gate: Gate, model_name: str) -> None:
+def test_weight_size_model(gate: Gate, project_root: Path, model_name: str) -> None:
     """Analytic checkpoint bytes per scheme for the full-size configs, against published parameter counts."""
-    cfg = load_config(ROOT / "fixtures" / "models" / model_name / "config.json")
+    cfg = read_config(project_root / "fixtures" / "models" / model_name / "config.json")
     sizes = {s: weight_size(cfg, s, model=model_name) for s in SCHEMES}
     params = sizes["bf16"].params
     published, slack = PUBLISHED_PARAMS[model_name]
@@ -114,10 +95,11 @@ def claim_verdict(gate: Gate, fp16: int, awq: int, gptq: int) -> None:
     )
 
 
-@pytest.mark.parametrize("name", NAME)
-def test_checkpoint_bytes(gate: Gate, checkpoints: Any, profile_claims: Any, name: str) -> None:
+@pytest.mark.gate_profiles("quantization", reference="bf16")
+def test_checkpoint_bytes(gate: Gate, checkpoints: Checkpoints, profile: Profile | None) -> None:
     """Every tensor of the written checkpoint (safetensors header) equals the size model's, to the byte."""
-    scheme, group = scheme_of(name)
+    ck_format = checkpoint_of(profile)
+    scheme, group = ck_format.format, ck_format.group_size
     ck = checkpoints.get(scheme, group)
     expected = {t.name: (t.shape, t.dtype, t.nbytes) for t in checkpoint_tensors(checkpoints.config, scheme, group)}
     differ = sorted(k for k in set(expected) | set(ck.tensors) if expected.get(k) != ck.tensors.get(k))
@@ -127,14 +109,14 @@ def test_checkpoint_bytes(gate: Gate, checkpoints: Any, profile_claims: Any, nam
     gate.record("checkpoint_bytes", int(figures["checkpoint_bytes"]), unit="B")
     gate.record("linear_bytes", int(figures["linear_bytes"]), unit="B")
     assert figures["checkpoint_bytes"] == weight_size(checkpoints.config, scheme, group).total_bytes
-    if name != "bf16":
+    if profile is not None:
         reference = checkpoint_figures(checkpoints, "bf16", 128)
         freed = int(reference["checkpoint_bytes"] - figures["checkpoint_bytes"])
         gate.record("freed_bytes", freed, unit="B", better="higher")
-        profile_claims(gate, name, "checkpoint", figures, reference)
+        QuantRuns.claims(gate, profile, "checkpoint", figures, reference)
 
 
-def checkpoint_figures(checkpoints: Any, scheme: str, group: int) -> dict[str, float]:
+def checkpoint_figures(checkpoints: Checkpoints, scheme: str, group: int) -> dict[str, float]:
     """Bytes of the whole checkpoint and of its linear layers, from the written file's header."""
     ck = checkpoints.get(scheme, group)
     linears = {lin.name for lin in layout(checkpoints.config).linears}
@@ -142,17 +124,18 @@ def checkpoint_figures(checkpoints: Any, scheme: str, group: int) -> dict[str, f
     return {"checkpoint_bytes": float(ck.total_bytes), "linear_bytes": float(linear)}
 
 
-@pytest.mark.parametrize("name", NAME)
-def test_loaded_parameter_bytes(gate: Gate, quant_runs: Any, name: str) -> None:
+@pytest.mark.gate_profiles("quantization", reference="bf16")
+def test_loaded_parameter_bytes(gate: Gate, quant_runs: QuantRuns, profile: Profile | None) -> None:
     """The parameters vLLM holds after loading each checkpoint, against the checkpoint and the resident model."""
-    scheme, group = scheme_of(name)
-    result = quant_runs.run(name)
+    ck_format = checkpoint_of(profile)
+    scheme, group = ck_format.format, ck_format.group_size
+    result = quant_runs.run(profile)
     mem = result.memory
     params, weights = int(mem["parameter_bytes"]), int(mem["weights_bytes"])
     gate.record("parameter_bytes", params, unit="B", scope="machine")
     gate.record("buffer_bytes", weights - params, unit="B", scope="machine")
-    if name != "bf16":
-        reference = quant_runs.run("bf16").memory
+    if profile is not None:
+        reference = quant_runs.run(None).memory
         assert weights - params == reference["weights_bytes"] - reference["parameter_bytes"], (
             "buffers (rotary cache) differ from the bf16 run's")
     if mem.get("vllm_model_memory_usage") is not None:  # vLLM's own loading figure (GPU tier)
@@ -160,11 +143,11 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: Any, name: str) -> None:
                     scope="machine")
     if engine_tier() != "cpu":
         # On a GPU, unquantized weights stay parameters; quantized ones are repacked for the GPU kernels.
-        if name == "bf16":
+        if profile is None:
             bf16 = quant_runs.checkpoints.get("bf16").total_bytes
             assert params == bf16, f"vLLM holds {params:,} B of parameters, the bf16 checkpoint has {bf16:,} B"
         else:
-            reference_params = quant_runs.run("bf16").memory["parameter_bytes"]
+            reference_params = quant_runs.run(None).memory["parameter_bytes"]
             assert params < reference_params, f"{params:,} B quantized vs {reference_params:,} B bf16"
         return
     from vramgate.machine import isa
@@ -175,6 +158,6 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: Any, name: str) -> None:
     assert params == resident.parameter_bytes, (
         f"vLLM holds {params:,} B of parameters for the {scheme} checkpoint of {checkpoint:,} B; the resident "
         f"model expects {resident.parameter_bytes:,} B (differences: {explained})")
-    if name != "bf16":
+    if profile is not None:
         used = quant_runs.kernels(result)
         assert any(k == "CPUWNA16LinearKernel" for k in used.values()), f"vLLM's kernels: {used}"

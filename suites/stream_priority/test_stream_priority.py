@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate import Gate
 
 torch = pytest.importorskip("torch")
 

@@ -42,10 +42,11 @@ from pathlib import Path
 
 import pytest
 
+from vramgate import Gate
 from vramgate.core.metrics import median
 from vramgate.machine.gpu_processes import alive
-from vramgate.pytest_plugin.fixture import Gate
-from vramgate.tp.launch import (
+from vramgate.testing import TPRunner
+from vramgate.tp import (
     DTYPE_BYTES,
     Launcher,
     MLPShape,
@@ -131,7 +132,8 @@ def _pct(values: list[float]) -> str:
 
 
 @pytest.mark.parametrize(("device", "world_size"), DEVICE_WORLD)
-def test_overlap_memory_and_time(gate: Gate, tp_runner, project_root: Path, device: str, world_size: int) -> None:
+def test_overlap_memory_and_time(gate: Gate, tp_runner: TPRunner, project_root: Path, device: str,
+                                 world_size: int) -> None:
     """Per-rank peak memory and step time of each variant; the overlap achieved; the claim's verdict."""
     shape = mlp_shape(project_root, device)
     spec = TPSpec(world_size=world_size, device=device, shape=shape, variants=VARIANTS[device],

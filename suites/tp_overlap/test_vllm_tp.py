@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 
+from vramgate import Gate
 from vramgate.core.metrics import median
-from vramgate.engine.runner import EngineResult, EngineSpec
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate.engine import EngineResult, EngineSpec
+from vramgate.testing import Engine, ModelLoader
 
 MODEL = "llama-3.1-8b"
 BLOCK_SIZE = 16
@@ -65,7 +66,7 @@ def record(gate: Gate, prefix: str, result: EngineResult) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("tp", TP_SIZE)
-def test_allreduce_rms_fusion(gate: Gate, engine, model_shape, tp: int) -> None:
+def test_allreduce_rms_fusion(gate: Gate, engine: Engine, model_shape: ModelLoader, tp: int) -> None:
     """Llama-3.1-8B at TP=*tp*, ``fuse_allreduce_rms`` off and on: KV, per-rank memory, TTFT/TPOT."""
     shape = model_shape(MODEL)
     kv_heads_per_rank = max(1, shape.num_kv_heads // tp)

@@ -14,7 +14,8 @@ import statistics
 
 import pytest
 
-from vramgate.pytest_plugin.fixture import Gate
+from vramgate import Gate
+from vramgate.testing import Simulator
 from vramgate.workloads import build
 
 BLOCK_SIZE = [16, 32, 64, 128]
@@ -23,7 +24,7 @@ REQUESTS = 2000
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZE, ids=lambda b: f"bs{b}")
-def test_internal_waste_on_sharegpt(gate: Gate, simulator, block_size: int) -> None:
+def test_internal_waste_on_sharegpt(gate: Gate, simulator: Simulator, block_size: int) -> None:
     workload = build("sharegpt", requests=REQUESTS, seed=0, max_model_len=4096)
     mean_len = statistics.mean(r.total_len for r in workload.requests)
     result = simulator.run("tiny-llama", workload, block_size=block_size,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate.core.records import record_fields
 from vramgate.runtime.vllm_env import in_process_defaults, setdefault
 from vramgate.sim.probe import SchedulerProbe
 from vramgate.workloads import Workload
@@ -85,10 +86,16 @@ class SimResult:
         return data
 
     def to_json(self) -> dict[str, Any]:
+        """The figures and the timing, as JSON (the per-step trace is not in it)."""
         data = self.figures()
         data["timing"] = dict(self.timing)
         return data
 
+    @classmethod
+    def from_json(cls, data: object, where: str) -> SimResult:
+        """The result whose JSON form (:meth:`to_json`) is *data*; :class:`SimulationError` naming *where* and
+        the field when it is not one."""
+        return cls(**record_fields(cls, data, where, SimulationError, ignore_unknown=True))
 
 
 def settings_of_engine(spec: dict[str, Any], kv: dict[str, Any], scheduler: dict[str, Any]) -> dict[str, Any]:

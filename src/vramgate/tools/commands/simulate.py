@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from vramgate.tools.commands.common import Subparsers, add_root, project_root
@@ -34,25 +33,6 @@ def register(sub: Subparsers) -> None:
     sim.set_defaults(func=run)
 
 
-def reexec_with_overlay(profile_name: str, root: Path) -> int | None:
-    """Run this same command again with the profile's overlay first on PYTHONPATH (Note [overlay]); None when
-    this process already runs on it (or the profile has no diffs)."""
-    import subprocess
-    import tempfile
-
-    from vramgate.profiles import build_overlay, find_profile
-    from vramgate.runtime.process import pythonpath
-
-    profile = find_profile(root, profile_name)
-    if not profile.series or Path(os.environ.get("VRAMGATE_OVERLAY", "/")).name.endswith(profile.digest):
-        return None
-    overlays = Path(os.environ.get("VRAMGATE_OVERLAY_DIR") or tempfile.mkdtemp(prefix="vramgate-overlay-"))
-    overlay = build_overlay(profile, overlays)
-    env = dict(os.environ, VRAMGATE_OVERLAY=str(overlay))
-    env["PYTHONPATH"] = pythonpath(env, first=[overlay])
-    return subprocess.call([sys.executable, "-m", "vramgate", *sys.argv[1:]], env=env)
-
-
 def run(args: argparse.Namespace) -> int:
     """Simulate the workload; print the result's main figures (or all of it as JSON)."""
     import tempfile
@@ -60,16 +40,11 @@ def run(args: argparse.Namespace) -> int:
     from vramgate.models.config import load_model
     from vramgate.profiles import find_profile
     from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, setdefault, vllm_environment
-    from vramgate.sim import simulate
+    from vramgate.sim.isolated import simulate_profile
     from vramgate.workloads import build
 
     root = project_root(args.root)
-    engine_args: dict[str, object] = {}
-    if args.profile:
-        rc = reexec_with_overlay(args.profile, root)
-        if rc is not None:
-            return rc
-        engine_args = dict(find_profile(root, args.profile).engine_args)
+    profile = find_profile(root, args.profile) if args.profile else None
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the result
     shape = load_model(root, args.model)
     workload = build(args.workload, requests=args.requests, seed=args.seed, max_model_len=args.max_model_len,
@@ -81,20 +56,15 @@ def run(args: argparse.Namespace) -> int:
                                log_level=IN_PROCESS_LOG_LEVEL)
         env["VLLM_CONFIG_ROOT"] = str(root / ".gate-run" / "vllm-config")
         setdefault(env)
-        result = simulate(
-            shape.path.parent, workload, block_size=args.block_size, num_gpu_blocks=args.kv_blocks,
-            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        # A profile with diffs runs in a child that imports the patched vLLM (Note [overlay]).
+        result = simulate_profile(
+            shape.path.parent, workload, profile, work_dir=Path(tmp), block_size=args.block_size,
+            num_gpu_blocks=args.kv_blocks, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
-            async_scheduling=not args.sync, engine_args=engine_args,
+            async_scheduling=not args.sync,
         )
     data = result.to_json()
     data["profile"] = args.profile
-    overlay = os.environ.get("VRAMGATE_OVERLAY")
-    if args.profile and overlay:
-        module = Path(str(data["settings"]["scheduler_module"]))
-        if not module.is_relative_to(overlay):
-            raise RuntimeError(f"profile {args.profile}: vLLM's scheduler was imported from {module}, "
-                               f"not from the overlay {overlay}")
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:

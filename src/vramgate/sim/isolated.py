@@ -1,0 +1,99 @@
+"""The simulator with an optimization profile applied: in this process, or in a child that imports the patched vLLM.
+
+A profile's engine arguments reach vLLM's config in any process. Its diff
+series does not: the patched scheduler exists only in the profile's overlay,
+which has to come first on the ``PYTHONPATH`` of a process that has not
+imported vLLM yet (Note [overlay] in :mod:`vramgate.profiles.overlay`). So a
+profile with diffs runs in a child process: the parent writes the request
+(model folder, workload, settings) as JSON, the child runs :func:`simulate`
+and writes the :class:`SimResult`'s JSON form back (``python -m
+vramgate.sim.isolated REQUEST RESULT``). The child checks that vLLM's
+scheduler came from the overlay; a run that imported the unpatched one fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vramgate.profiles import Profile, build_overlay
+from vramgate.runtime.process import describe_exit, launch, pythonpath, tail, wait_or_kill
+from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
+from vramgate.sim.simulator import SimResult, SimulationError, simulate
+from vramgate.workloads import Workload
+
+#: How long a child simulation may run (a 5,000-request trace takes about a minute on 2 cores).
+TIMEOUT_S = 900.0
+
+
+def simulate_profile(model_dir: Path, workload: Workload, profile: Profile | None, *, work_dir: Path,
+                     timeout_s: float = TIMEOUT_S, **settings: Any) -> SimResult:
+    """:func:`simulate` with *profile* applied (``None``: unpatched vLLM, in this process).
+
+    The profile's engine arguments go to vLLM's config (``settings["engine_args"]`` win over them). A
+    profile without diffs runs in this process; one with diffs runs in a child with its overlay, built
+    under *work_dir* (which also holds each child's request, result and vLLM files).
+    """
+    if profile is None:
+        return simulate(model_dir, workload, **settings)
+    settings = {**settings, "engine_args": {**profile.engine_args, **settings.get("engine_args", {})}}
+    if not profile.series:
+        return simulate(model_dir, workload, **settings)
+    overlay = build_overlay(profile, work_dir / "overlays")
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{profile.name}-", dir=work_dir))
+    return simulate_in_child(model_dir, workload, overlay=overlay, run_dir=run_dir, timeout_s=timeout_s, **settings)
+
+
+def simulate_in_child(model_dir: Path, workload: Workload, *, overlay: Path, run_dir: Path,
+                      timeout_s: float = TIMEOUT_S, **settings: Any) -> SimResult:
+    """:func:`simulate` in a child process whose ``import vllm`` finds *overlay* first; its files in *run_dir*.
+
+    The child inherits this process's environment; vLLM's variables this process
+    has not set come from :func:`~vramgate.runtime.vllm_env.vllm_environment` on *run_dir*.
+    Raises :class:`SimulationError` with the child's stderr tail when it fails or
+    runs past *timeout_s*.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    request, result = run_dir / "request.json", run_dir / "result.json"
+    request.write_text(json.dumps({"model_dir": str(model_dir), "workload": workload.to_json(),
+                                   "settings": settings, "overlay": str(overlay)}), encoding="utf-8")
+    env = dict(os.environ)
+    for key, value in vllm_environment(run_dir, log_level=IN_PROCESS_LOG_LEVEL, temp=False).items():
+        env.setdefault(key, value)
+    env["PYTHONPATH"] = pythonpath(env, first=[overlay])
+    log = run_dir / "simulation.log"
+    proc = launch([sys.executable, "-m", "vramgate.sim.isolated", str(request), str(result)], log, env=env,
+                  cwd=run_dir)
+    status = wait_or_kill(proc, timeout_s)
+    if status is None:
+        raise SimulationError(f"simulation with overlay {overlay.name} ran past {timeout_s:g} s "
+                              f"--- log tail ({log}) ---\n{tail(log)}")
+    if status != 0 or not result.is_file():
+        raise SimulationError(f"simulation with overlay {overlay.name} {describe_exit(status)} "
+                              f"--- log tail ({log}) ---\n{tail(log)}")
+    return SimResult.from_json(json.loads(result.read_text(encoding="utf-8")), str(result))
+
+
+def main(argv: Sequence[str]) -> int:
+    """The child: ``REQUEST RESULT``; run the request's simulation and write its result."""
+    if len(argv) != 2:
+        print("usage: python -m vramgate.sim.isolated REQUEST RESULT", file=sys.stderr)
+        return 2
+    request_path, result_path = Path(argv[0]), Path(argv[1])
+    request = json.loads(request_path.read_text(encoding="utf-8"))
+    workload = Workload.from_json(request["workload"], str(request_path))
+    result = simulate(Path(request["model_dir"]), workload, **request["settings"])
+    module, overlay = Path(str(result.settings["scheduler_module"])), Path(request["overlay"])
+    if not module.is_relative_to(overlay):
+        raise SimulationError(f"vLLM's scheduler was imported from {module}, not from the overlay {overlay}")
+    result_path.write_text(json.dumps(result.to_json()), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

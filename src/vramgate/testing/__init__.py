@@ -1,0 +1,36 @@
+"""What the suites build on: typed fixtures (a pytest plugin, :mod:`vramgate.testing.fixtures`) and helpers.
+
+The project's root ``conftest.py`` loads the plugin. Suites import this
+layer's public names from here (``from vramgate.testing import Engine``), not
+from its modules, which may split or move.
+"""
+
+from vramgate.testing.claims import check_claims
+from vramgate.testing.engines import (
+    PRESSURE_SPEC,
+    SMALL_RUN_BLOCK_SIZE,
+    SMALL_RUN_BUDGET_GIB,
+    Engine,
+    small_run_block_size,
+    small_run_spec,
+)
+from vramgate.testing.models import ModelLoader
+from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
+from vramgate.testing.simulator import Simulator
+from vramgate.testing.tp import TPRunner
+
+__all__ = [
+    "PRESSURE_SPEC",
+    "SMALL_RUN_BLOCK_SIZE",
+    "SMALL_RUN_BUDGET_GIB",
+    "Checkpoints",
+    "Engine",
+    "ModelLoader",
+    "QuantRuns",
+    "Simulator",
+    "TPRunner",
+    "check_claims",
+    "checkpoint_of",
+    "small_run_block_size",
+    "small_run_spec",
+]

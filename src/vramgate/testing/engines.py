@@ -1,0 +1,66 @@
+"""Engine runs for the suites: the session's engine, and the specs several suites share.
+
+Suites that ask for the same :class:`~vramgate.engine.EngineSpec` share one
+engine run per session (:class:`~vramgate.engine.EngineCache`). The specs and
+block sizes here are the ones kept in step on purpose: the pressure and
+block_manager suites run :data:`PRESSURE_SPEC`; the capacity, latency and
+quantization suites run :func:`small_run_spec` at the block size of
+:func:`small_run_block_size`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere, engine_tier
+
+
+class Engine:
+    """Runs engine specs once per session; a crash or timeout fails the test with the log tail, and a spec that
+    this machine's vLLM kernels cannot run (fp8 KV, 4-bit linear layers without AVX-512) skips it with the reason,
+    decided before the engine starts."""
+
+    def __init__(self, cache: EngineCache) -> None:
+        self.cache = cache
+
+    def run(self, spec: EngineSpec) -> EngineResult:
+        """The result of *spec*'s engine run (the session's earlier one when it already ran)."""
+        try:
+            return self.cache.run(spec)
+        except UnsupportedHere as exc:
+            pytest.skip(f"not on this machine: {exc}")
+        except EngineError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+
+#: The KV-pressure engine run shared by the pressure and block_manager suites (one run per session):
+#: tiny-llama, 8 MiB of KV (about 8k tokens at 1 KiB per token) for 48 ShareGPT-like requests.
+PRESSURE_SPEC = EngineSpec(
+    model="tiny-llama", workload="sharegpt", requests=48, seed=1, block_size=32, max_model_len=2048,
+    max_num_seqs=32, max_num_batched_tokens=2048, kv_budget_gib=8 / 1024,
+)
+
+#: KV budget of the small engine runs that the capacity, latency and quantization suites share.
+SMALL_RUN_BUDGET_GIB = 0.25
+
+#: Block size of each model's shared small run, per tier: vLLM's CPU attention needs a multiple of 32 and its
+#: CPU MLA runs 16 only. The capacity suite runs these (and more), the latency and quantization suites these.
+SMALL_RUN_BLOCK_SIZE = {
+    "cpu": {"tiny-llama": 32, "tiny-deepseek-v2": 16},
+    "gpu": {"tiny-llama": 16, "tiny-deepseek-v2": 16},
+}
+
+
+def small_run_block_size(model: str) -> int:
+    """The block size of *model*'s shared small run on this machine's tier (:data:`SMALL_RUN_BLOCK_SIZE`)."""
+    return SMALL_RUN_BLOCK_SIZE[engine_tier()][model]
+
+
+def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
+    """16 requests of 128 + 64 tokens at a 0.25 GiB KV budget (*block_size* default: the shared one).
+
+    The capacity, latency and quantization suites ask for the same specs, so each runs once per session.
+    """
+    return EngineSpec(model=model, workload="fixed", requests=16,
+                      block_size=small_run_block_size(model) if block_size is None else block_size,
+                      max_model_len=1024, kv_budget_gib=SMALL_RUN_BUDGET_GIB)

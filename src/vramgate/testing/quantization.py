@@ -1,0 +1,124 @@
+"""The quantization suite's checkpoints and engine runs: generated into the run folder, shared by its tests.
+
+Every run uses the shared small run of the capacity and latency suites
+(:func:`~vramgate.testing.engines.small_run_spec`: tiny-llama, 16 requests of
+128 + 64 tokens). The bf16 reference is that very spec (dummy weights,
+0.25 GiB of KV), so a full gate session runs it once. Each quantized run loads
+its generated checkpoint (engine argument ``model`` = the folder,
+``load_format = "safetensors"``) under the same total memory budget: the
+reference's checkpoint bytes plus its KV budget. Its KV budget is that total
+minus its own checkpoint bytes, i.e. the reference's KV budget plus the bytes
+quantization freed (Note [fixed total budget]).
+
+Note [fixed total budget]: on a GPU vLLM gives the KV cache what
+``gpu_memory_utilization`` leaves after weights and activations; on CPU the
+KV budget is set directly. To measure what a fixed total does with the freed
+bytes on both tiers alike, the suite sets the KV budget of each quantized run
+to ``reference KV budget + (bf16 checkpoint bytes - its checkpoint bytes)``
+and reads the capacity vLLM allocates.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramgate.core.claims import ClaimVerdict
+from vramgate.engine import EngineResult, EngineSpec
+from vramgate.models.checkpoints import Checkpoint
+from vramgate.models.config import read_config
+from vramgate.profiles import CheckpointFormat, Profile
+from vramgate.pytest_plugin.fixture import Gate
+from vramgate.testing.claims import check_claims
+from vramgate.testing.engines import Engine, small_run_spec
+
+#: The model every checkpoint and run of the suite is of.
+MODEL = "tiny-llama"
+#: Seed of the generated weights.
+SEED = 0
+#: The reference (unquantized) checkpoint: ``bf16``, stored as the model's dtype.
+REFERENCE = CheckpointFormat("bf16", 128)
+_KERNEL_LINE = re.compile(r"Using (\w+) for (\w+)")
+
+
+def checkpoint_of(profile: Profile | None) -> CheckpointFormat:
+    """The checkpoint *profile* serves (its ``[checkpoint]`` table); ``None``: the bf16 reference's."""
+    if profile is None:
+        return REFERENCE
+    if profile.checkpoint is None:
+        pytest.fail(f"profile {profile.name} is in suite 'quantization' but has no [checkpoint] table", pytrace=False)
+    return profile.checkpoint
+
+
+class Checkpoints:
+    """Checkpoints of :data:`MODEL` written once per session into *folder* (never fetched)."""
+
+    def __init__(self, root: Path, folder: Path) -> None:
+        self.folder = folder
+        self.config: dict[str, Any] = read_config(root / "fixtures" / "models" / MODEL / "config.json")
+        self._made: dict[tuple[str, int], Checkpoint] = {}
+
+    def get(self, scheme: str, group_size: int = 128) -> Checkpoint:
+        """The checkpoint of *scheme* (``bf16``, ``awq``, ``gptq``, ``w4a16``) at *group_size*."""
+        from vramgate.models.checkpoints import write_checkpoint
+
+        key = (scheme, group_size)
+        if scheme == "w4a16":
+            pytest.importorskip("compressed_tensors", reason="W4A16 checkpoints are written by compressed-tensors")
+        if key not in self._made:
+            self._made[key] = write_checkpoint(self.config, scheme, self.folder / f"{MODEL}-{scheme}-g{group_size}",
+                                               seed=SEED, group_size=group_size,
+                                               where=f"fixtures/models/{MODEL}/config.json")
+        return self._made[key]
+
+    def of(self, profile: Profile | None) -> Checkpoint:
+        """The checkpoint *profile* serves; ``None``: the bf16 reference."""
+        ck = checkpoint_of(profile)
+        return self.get(ck.format, ck.group_size)
+
+
+class QuantRuns:
+    """The bf16 reference run and each quantization profile's run under the same total memory budget."""
+
+    def __init__(self, engine: Engine, checkpoints: Checkpoints) -> None:
+        self.engine, self.checkpoints = engine, checkpoints
+        self.reference = small_run_spec(MODEL)
+
+    @property
+    def kv_budget(self) -> int:
+        """The reference's KV budget in bytes."""
+        return int(self.reference.kv_budget_gib * 2**30)
+
+    def freed_bytes(self, profile: Profile) -> int:
+        """bf16 checkpoint bytes minus the profile's checkpoint bytes (both read from the written files)."""
+        return int(self.checkpoints.of(None).total_bytes - self.checkpoints.of(profile).total_bytes)
+
+    def spec(self, profile: Profile | None) -> EngineSpec:
+        """The engine spec of a quantization profile; ``None``: of the bf16 reference."""
+        if profile is None:
+            return self.reference
+        folder = self.checkpoints.of(profile).path
+        # Note [fixed total budget]: bytes / 2**30 and back is exact in binary floating point.
+        budget_gib = (self.kv_budget + self.freed_bytes(profile)) / 2**30
+        return self.reference.replace(profile=profile.name, kv_budget_gib=budget_gib,
+                                      engine_args={"model": str(folder), "load_format": "safetensors"})
+
+    def run(self, profile: Profile | None) -> EngineResult:
+        """The engine run of a quantization profile, or of the bf16 reference for ``None`` (once per session)."""
+        return self.engine.run(self.spec(profile))
+
+    @staticmethod
+    def kernels(result: EngineResult) -> dict[str, str]:
+        """``{vLLM method: kernel}`` as the engine's log names them (``Using CPUWNA16LinearKernel for ...``)."""
+        log = Path(result.run_dir) / "engine.log"
+        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+        return {m.group(2): m.group(1) for m in _KERNEL_LINE.finditer(text) if m.group(1).endswith("Kernel")}
+
+    @staticmethod
+    def claims(gate: Gate, profile: Profile, workload: str, quantized: dict[str, float],
+               bf16: dict[str, float]) -> list[ClaimVerdict]:
+        """The verdict of each claim of *profile* on *workload*: its figures against the bf16 reference's."""
+        return check_claims(gate, profile, workload, quantized, bf16, labels=("quantized", "bf16"), context=MODEL)

@@ -1,0 +1,99 @@
+"""The suites' layer (:mod:`vramgate.testing`): the ``gate_profiles`` mark and the simulator's JSON hand-back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+
+import pytest
+
+from vramgate.sim import SimResult, SimulationError
+
+MANIFEST = """\
+name = "{name}"
+description = "d"
+hypothesis = "h"
+suites = {suites}
+
+[target]
+distribution = "vllm"
+package = "vllm"
+version = "==0.32.0"
+
+[engine_args]
+{engine_args}
+"""
+
+
+def write_profile(root: pytest.Pytester, name: str, suites: list[str], engine_args: str) -> None:
+    folder = root.path / "patches" / name
+    folder.mkdir(parents=True)
+    (folder / "manifest.toml").write_text(MANIFEST.format(name=name, suites=json.dumps(suites),
+                                                          engine_args=engine_args))
+
+
+def test_gate_profiles_parametrizes_by_the_projects_profiles(pytester: pytest.Pytester) -> None:
+    write_profile(pytester, "b-second", ["block_manager"], 'kv_cache_dtype = "fp8"')
+    write_profile(pytester, "a-first", ["block_manager", "other"], 'attention_backend = "TRITON_MLA"')
+    write_profile(pytester, "c-elsewhere", ["other"], 'kv_cache_dtype = "fp8"')
+    pytester.makeconftest('pytest_plugins = ["vramgate.testing.fixtures"]')
+    pytester.makepyfile(test_marked=textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.gate_profiles("block_manager", reference="baseline")
+        def test_suite(profile):
+            assert profile is None or "block_manager" in profile.suites
+
+        @pytest.mark.parametrize("device", ["cpu", "cuda"])
+        @pytest.mark.gate_profiles(where=lambda p: "attention_backend" in p.engine_args)
+        def test_where(profile, device):
+            assert profile.name == "a-first"
+    """))
+    result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:vramgate")
+    result.stdout.fnmatch_lines([
+        "test_marked.py::test_suite[baseline]",
+        "test_marked.py::test_suite[a-first]",
+        "test_marked.py::test_suite[b-second]",
+        "test_marked.py::test_where[a-first-cpu]",
+        "test_marked.py::test_where[a-first-cuda]",
+    ])
+    assert "c-elsewhere" not in result.stdout.str()
+
+
+def test_gate_profiles_rejects_bad_arguments(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest('pytest_plugins = ["vramgate.testing.fixtures"]')
+    pytester.makepyfile(test_misspelt="""
+        import pytest
+
+        @pytest.mark.gate_profiles("block_manager", refrence="baseline")
+        def test_one(profile):
+            pass
+    """, test_no_argument="""
+        import pytest
+
+        @pytest.mark.gate_profiles("block_manager")
+        def test_two():
+            pass
+    """)
+    result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:vramgate")
+    result.stdout.fnmatch_lines(["*test_one: bad arguments to marker gate_profiles:*refrence*",
+                                 "*test_two: marked gate_profiles but takes no argument 'profile'*"])
+
+
+def test_a_simulation_result_survives_its_json_form() -> None:
+    """What a child simulation writes is what the parent reads back (the per-step trace is not in it)."""
+    result = SimResult(
+        model="tiny-llama", workload="sharegpt", requests=3, seed=0, block_size=16, num_gpu_blocks=64,
+        usable_blocks=63, settings={"async_scheduling": True, "step_cost": [0.005, 5e-05, 0.0]},
+        config_overrides={"SchedulerConfig.async_scheduling": [False, True]}, steps=7, peak_blocks_used=12,
+        preemptions=1, preempted_requests=1, recomputed_tokens=40, prefix_cache_queries=9, prefix_cache_hits=3,
+        internal_waste_mean=0.1234567891, internal_waste_max=0.5, waste_bound_violations=0, output_tokens=30,
+        scheduled_tokens=300, virtual_makespan_s=0.75, throughput_tokens_per_s=40.0, mean_latency_s=0.5,
+        peak_blocks_by_step=[1, 2], timing={"total_s": 1.5},
+    )
+    back = SimResult.from_json(json.loads(json.dumps(result.to_json())), "result.json")
+    assert back == dataclasses.replace(result, peak_blocks_by_step=[])
+    assert back.figures() == result.figures()
+    with pytest.raises(SimulationError, match=r"result.json: missing field\(s\) model"):
+        SimResult.from_json({k: v for k, v in result.to_json().items() if k != "model"}, "result.json")
