@@ -6,7 +6,7 @@ cancels the machine's drift. The ratios are a measured metric: they regress
 against the stored baseline when their median grows by more than the paired
 tolerance and a Mann-Whitney U test is clear. ``vramgate calibrate`` measured
 the tolerance, the rounds per test and the figures they give on a 2-core CPU
-(false alarms and detections of a planted +10%: see the README).
+(false alarms and detections of a planted +10%: see docs/calibration.md).
 """
 
 from __future__ import annotations

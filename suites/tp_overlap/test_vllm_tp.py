@@ -35,7 +35,7 @@ BLOCK_SIZE = 16
 #: KV budget per rank (vLLM's ``kv_cache_memory_bytes`` is per GPU).
 KV_BUDGET_GIB = 2.0
 TP_SIZE = [pytest.param(n, id=f"tp{n}", marks=pytest.mark.requires_gpus(n)) for n in (2, 4)]
-#: GPU latency against a stored baseline: 30% keeps false alarms under 1% (the README's precision figures).
+#: GPU latency against a stored baseline: 30% keeps false alarms under 1% (docs/calibration.md).
 LATENCY_TOLERANCE = 0.3
 
 
