@@ -21,7 +21,7 @@ from vramgate.workloads import build
 SIM_REQUESTS = 5000
 SIM_KV_BLOCKS = 4096
 #: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
-#: 314 comparisons at 50% or 100% (docs/calibration.md, "How precise the gate is"). 1.0 gates gross changes only: twice the
+#: 314 comparisons at 50% or 100% (docs/calibration.md). 1.0 gates gross changes only: twice the
 #: latency, or half the throughput (tolerances are ratio terms both ways); suites/latency's paired test sees 10%.
 TOLERANCE = 1.0 if engine_tier() == "cpu" else None
 

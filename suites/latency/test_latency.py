@@ -16,7 +16,7 @@ from vramgate.testing import Engine, small_run_spec
 
 MODEL = ["tiny-llama", "tiny-deepseek-v2"]
 #: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
-#: 314 comparisons at 50% or 100% (docs/calibration.md, "How precise the gate is"). 1.0 gates gross changes only: twice the
+#: 314 comparisons at 50% or 100% (docs/calibration.md). 1.0 gates gross changes only: twice the
 #: latency, or half the throughput (tolerances are ratio terms both ways); the paired test sees 10%.
 TOLERANCE = 1.0 if engine_tier() == "cpu" else None
 

@@ -20,7 +20,7 @@ from vramgate.profiles import Profile
 from vramgate.testing import QuantRuns
 
 #: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
-#: 314 comparisons at 50% or 100% (docs/calibration.md, "How precise the gate is"). 1.0 gates gross changes only: twice the
+#: 314 comparisons at 50% or 100% (docs/calibration.md). 1.0 gates gross changes only: twice the
 #: latency, or half the throughput (tolerances are ratio terms both ways); the fine check is the paired latency suite's.
 TOLERANCE = 1.0 if engine_tier() == "cpu" else 0.2
 

@@ -210,7 +210,7 @@ class PairedEngines:
 
 @dataclass(frozen=True)
 class PairedDefaults:
-    """How a paired latency test runs and judges, per tier (tuned by ``vramgate calibrate``; figures in docs/calibration.md)."""
+    """How a paired latency test runs and judges, per tier (``vramgate calibrate``; docs/calibration.md)."""
 
     rounds: int
     """Round pairs per test."""
