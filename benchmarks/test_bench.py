@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine.runner import EngineSpec, run_engine
+from vramgate.engine import EngineSpec, run_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -104,3 +104,34 @@ def test_an_unknown_name_still_raises() -> None:
             importlib.import_module("vramgate.probes.gpu")
     assert record == []
     assert "vramgate.probes.gpu" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("module", "name"), [(m, n) for m, names in sorted(_moved.FORWARDED.items()) for n in sorted(names)]
+)
+def test_a_name_a_former_module_had_resolves_where_it_lives_now(module: str, name: str) -> None:
+    where, _, attr = _moved.FORWARDED[module][name].partition(":")
+    with pytest.warns(DeprecationWarning, match=rf"^{module}\.{name} moved to {where}\.{attr}$"):
+        value = getattr(importlib.import_module(module), name)
+    assert value is getattr(importlib.import_module(where), attr)
+
+
+def test_an_unknown_attribute_still_raises() -> None:
+    import vramgate.engine
+
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        vramgate.engine.no_such_name  # noqa: B018
+
+
+def test_python_dash_m_with_a_former_name_runs_the_module_and_says_where_it_went() -> None:
+    import subprocess
+
+    from vramgate.runtime.process import pythonpath
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath({})}
+    out = subprocess.run([sys.executable, "-m", "vramgate.kernel_calibrate", "--help"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "usage: python -m vramgate.tools.calibration.kernel_latency" in out.stdout
+    assert ("vramgate.kernel_calibrate moved to vramgate.tools.calibration.kernel_latency: "
+            "run python -m vramgate.tools.calibration.kernel_latency") in out.stderr

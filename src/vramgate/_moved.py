@@ -16,8 +16,8 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Callable, Sequence
+from types import CodeType, ModuleType
 
 #: Former module name -> its module now. Names whose module kept its name (``vramgate.engine``,
 #: ``vramgate.models``, ``vramgate.report``, ``vramgate.tp``, ``vramgate.workloads``) need no entry.
@@ -53,6 +53,96 @@ MOVED = {
     "vramgate.kernel_calibrate": "vramgate.tools.calibration.kernel_latency",
 }
 
+#: Names a former module defined that live elsewhere now: ``{module now: {name: "module:name"}}``. A module
+#: listed here resolves them through :func:`forwarding` (its ``__getattr__``), with a DeprecationWarning.
+FORWARDED: dict[str, dict[str, str]] = {
+    "vramgate.engine": {
+        "BLOCK_SIZES": "vramgate.engine.spec:BLOCK_SIZES",
+        "DTYPES": "vramgate.engine.spec:DTYPES",
+        "KILL_GRACE_S": "vramgate.runtime.process:KILL_GRACE_S",
+        "KNOWN_CAUSES": "vramgate.engine.runner:KNOWN_CAUSES",
+        "KV_CACHE_DTYPES": "vramgate.engine.spec:KV_CACHE_DTYPES",
+        "LOG_TAIL_LINES": "vramgate.runtime.process:LOG_TAIL_LINES",
+        "WNA16_METHODS": "vramgate.engine.spec:WNA16_METHODS",
+        "diagnose": "vramgate.engine.runner:diagnose",
+        "kv_budget_bytes": "vramgate.engine.spec:kv_budget_bytes",
+    },
+    "vramgate.engine.worker": {
+        "GPU_HEADROOM_BYTES": "vramgate.engine.arguments:GPU_HEADROOM_BYTES",
+        "GPU_UTILIZATION_MAX": "vramgate.engine.arguments:GPU_UTILIZATION_MAX",
+        "PLANT_DELAY_ENV": "vramgate.engine.measure:PLANT_DELAY_ENV",
+        "gpu_utilization": "vramgate.engine.arguments:gpu_utilization",
+    },
+    "vramgate.machine.probes.gpu_state": {
+        "memory_bandwidth_peak": "vramgate.machine.probes.gpu_state:device_peak_bandwidth",
+    },
+    "vramgate.models.attention": {
+        "peak_memory_bandwidth": "vramgate.machine.probes.gpu_state:dram_bandwidth",
+    },
+    "vramgate.models.quant": {
+        "load_config": "vramgate.models.config:read_config",
+        "Resident": "vramgate.models.cpu_resident:Resident",
+        "vllm_cpu_resident": "vramgate.models.cpu_resident:vllm_cpu_resident",
+    },
+    "vramgate.profiles": {
+        "COMPARES": "vramgate.profiles.manifest:COMPARES",
+        "Claim": "vramgate.profiles.manifest:ProfileClaim",
+        "DEVICES": "vramgate.profiles.manifest:DEVICES",
+        "OPERATORS": "vramgate.profiles.manifest:OPERATORS",
+        "SAME_SOURCE": "vramgate.profiles.manifest:SAME_SOURCE",
+    },
+    "vramgate.pytest_plugin.fixture": {
+        "Claim": "vramgate.core.claims:ClaimVerdict",
+    },
+    "vramgate.pytest_plugin.plugin": {
+        "CUDA_LEAK_TOLERANCE": "vramgate.pytest_plugin.hygiene:CUDA_LEAK_TOLERANCE",
+        "DeviceReading": "vramgate.pytest_plugin.hygiene:DeviceReading",
+        "ENGINE_FIXTURES": "vramgate.pytest_plugin.options:DEFAULT_ENGINE_FIXTURES",
+        "HygieneState": "vramgate.pytest_plugin.hygiene:HygieneState",
+        "MISSING_POLICIES": "vramgate.pytest_plugin.options:MISSING_POLICIES",
+        "MISSING_VERDICTS": "vramgate.pytest_plugin.session:MISSING_VERDICTS",
+        "NVML_LEAK_TOLERANCE": "vramgate.pytest_plugin.hygiene:NVML_LEAK_TOLERANCE",
+        "PROCESS_HELPERS": "vramgate.pytest_plugin.hygiene:PROCESS_HELPERS",
+        "PROCESS_TREE_TOLERANCE": "vramgate.pytest_plugin.hygiene:PROCESS_TREE_TOLERANCE",
+        "UPDATE_SCOPES": "vramgate.pytest_plugin.options:UPDATE_SCOPES",
+        "device_leaks": "vramgate.pytest_plugin.hygiene:device_leaks",
+        "device_readings": "vramgate.pytest_plugin.hygiene:device_readings",
+        "parse_shard": "vramgate.pytest_plugin.options:parse_shard",
+        "tree_leak": "vramgate.pytest_plugin.hygiene:tree_leak",
+        "tree_rss": "vramgate.pytest_plugin.hygiene:tree_rss",
+    },
+    "vramgate.report": {
+        "coverage_lines": "vramgate.report.table:coverage_lines",
+        "moved_lines": "vramgate.report.table:moved_lines",
+    },
+    "vramgate.sim": {
+        "DEFAULT_STEP_COST": "vramgate.sim.simulator:DEFAULT_STEP_COST",
+    },
+    "vramgate.store.baselines": {
+        "new_file_mode": "vramgate.store.files:new_file_mode",
+        "stage_text": "vramgate.store.files:stage_text",
+    },
+    "vramgate.tools.calibration.engine_latency": {
+        "latency_spec": "vramgate.engine.paired:latency_spec",
+    },
+    "vramgate.tools.cli": {
+        "doctor_facts": "vramgate.tools.commands.doctor:doctor_facts",
+    },
+    "vramgate.tp": {
+        "BACKENDS": "vramgate.tp.spec:BACKENDS",
+        "DEVICES": "vramgate.tp.spec:DEVICES",
+        "DTYPES": "vramgate.tp.spec:DTYPES",
+        "LOG_TAIL_LINES": "vramgate.runtime.process:LOG_TAIL_LINES",
+        "POLL_S": "vramgate.tp.launch:POLL_S",
+        "VARIANTS": "vramgate.tp.spec:VARIANTS",
+        "free_port": "vramgate.tp.launch:free_port",
+        "prepare": "vramgate.tp.launch:prepare",
+        "rank_env": "vramgate.tp.launch:rank_env",
+        "tail": "vramgate.runtime.process:tail",
+        "worker_command": "vramgate.tp.launch:worker_command",
+    },
+}
+
 
 def new_name(old: str) -> str | None:
     """The module *old* names now: its own entry in :data:`MOVED`, else its longest moved parent's new name
@@ -85,6 +175,43 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: the new module ran when it was imported."""
+
+    def get_code(self, fullname: str) -> CodeType | None:
+        """The new module's code, for ``python -m <former name>`` (runpy runs it as ``__main__``); says where the
+        module went with a FutureWarning, which Python shows by default."""
+        new = new_name(fullname)
+        assert new is not None
+        warnings.warn(f"{fullname} moved to {new}: run python -m {new}", FutureWarning, stacklevel=2)
+        spec = importlib.util.find_spec(new)
+        loader = spec.loader if spec is not None else None
+        if not isinstance(loader, importlib.abc.InspectLoader):
+            raise ImportError(f"{new} cannot be run as a module", name=fullname)
+        return loader.get_code(new)
+
+    def is_package(self, fullname: str) -> bool:
+        """Whether the module the former name names now is a package."""
+        new = new_name(fullname)
+        spec = importlib.util.find_spec(new) if new is not None else None
+        return spec is not None and spec.submodule_search_locations is not None
+
+
+def forwarding(module: str) -> Callable[[str], object]:
+    """A module ``__getattr__`` (PEP 562) for *module*: a name :data:`FORWARDED` lists resolves to where it lives
+    now, with a DeprecationWarning; any other name raises AttributeError as usual.
+
+    Modules assign it under ``if not TYPE_CHECKING``, so that the type checker still rejects unknown names.
+    """
+    table = FORWARDED.get(module, {})
+
+    def __getattr__(name: str) -> object:
+        target = table.get(name)
+        if target is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        where, _, attr = target.partition(":")
+        warnings.warn(f"{module}.{name} moved to {where}.{attr}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(where), attr)
+
+    return __getattr__
 
 
 def install() -> None:

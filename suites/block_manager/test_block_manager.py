@@ -13,9 +13,9 @@ import pytest
 
 from vramgate import Gate
 from vramgate.engine import EngineResult, cpu_backend_problem, engine_tier
-from vramgate.profiles import Profile, unmet_here
+from vramgate.profiles import Profile
 from vramgate.sim import SimResult
-from vramgate.testing import PRESSURE_SPEC, Engine, ModelLoader, Simulator, check_claims
+from vramgate.testing import PRESSURE_SPEC, Engine, ModelLoader, Simulator, check_claims, skip_unmet
 from vramgate.workloads import build
 
 SIM_REQUESTS = 5000
@@ -24,14 +24,6 @@ SIM_KV_BLOCKS = 4096
 #: 314 comparisons at 50% or 100% (docs/calibration.md). 1.0 gates gross changes only: twice the
 #: latency, or half the throughput (tolerances are ratio terms both ways); suites/latency's paired test sees 10%.
 TOLERANCE = 1.0 if engine_tier() == "cpu" else None
-
-
-def skip_unmet(profile: Profile | None) -> None:
-    """Skip when this machine does not meet *profile*'s hardware needs."""
-    if profile is not None:
-        problem = unmet_here(profile, "cpu" if engine_tier() == "cpu" else "cuda")
-        if problem:
-            pytest.skip(problem)
 
 
 def simulate(simulator: Simulator, profile: Profile | None) -> SimResult:

@@ -16,26 +16,31 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import PairedEngines, cpu_backend_problem, engine_tier, kernel_problem, paired_defaults
-from vramgate.profiles import Profile, unmet_here
-from vramgate.testing import ModelLoader
+from vramgate.engine import (
+    PairedEngines,
+    cpu_backend_problem,
+    engine_tier,
+    kernel_problem,
+    latency_spec,
+    paired_defaults,
+)
+from vramgate.profiles import Profile
+from vramgate.testing import ModelLoader, skip_unmet
 
 
 @pytest.mark.gate_profiles("block_manager")
 def test_profile_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, model_shape: ModelLoader,
                                tmp_path: Path, profile: Profile) -> None:
     """Per-round median engine step of the profile over the unpatched engine's, on the calibration workload."""
-    from vramgate.tools.calibration.engine_latency import latency_spec
-
+    skip_unmet(profile)
     tier = engine_tier()
-    problem = unmet_here(profile, "cpu" if tier == "cpu" else "cuda")
     reference = latency_spec("tiny-llama")
     candidate = reference.replace(profile=profile.name)
-    if not problem and tier == "cpu":
+    if tier == "cpu":
         dtype = str(profile.engine_args.get("kv_cache_dtype", reference.kv_cache_dtype))
         problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), model_shape(reference.model).use_mla)
-    if problem:
-        pytest.skip(f"profile {profile.name} on this tier: {problem}")
+        if problem:
+            pytest.skip(f"profile {profile.name} on this tier: {problem}")
     problem = kernel_problem(candidate.replace(engine_args={**profile.engine_args, **candidate.engine_args}))
     if problem:
         pytest.skip(f"not on this machine: profile {profile.name}: {problem}")

@@ -12,7 +12,7 @@ them, embeddings, LM head and norms in 16 bits. Here it is held against
   from the safetensors header, equal to the model's;
 - what vLLM 0.32.0 holds as parameters after loading each of them, which
   differs from the checkpoint in ways the model explains to the byte
-  (Note [CPU resident weights] in :mod:`vramgate.models.quant`).
+  (Note [CPU resident weights] in :mod:`vramgate.models.cpu_resident`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,13 @@ Import this layer's public names from here (``from vramgate.engine import ...``)
 which may split or move.
 """
 
+from typing import TYPE_CHECKING
+
+from vramgate._moved import forwarding
 from vramgate.engine.paired import (
     PairedEngines,
     PairedResult,
+    latency_spec,
     paired_defaults,
     round_ratios,
     round_stat,
@@ -49,9 +53,13 @@ __all__ = [
     "engine_tier",
     "kernel_problem",
     "kv_need",
+    "latency_spec",
     "paired_defaults",
     "round_ratios",
     "round_stat",
     "run_engine",
     "validate",
 ]
+
+if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
+    __getattr__ = forwarding(__name__)

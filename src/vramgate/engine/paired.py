@@ -240,3 +240,9 @@ def paired_defaults(tier: str) -> PairedDefaults:
     if tier not in PAIRED_DEFAULTS:
         raise ValueError(f"unknown engine tier {tier!r}; known: {', '.join(PAIRED_DEFAULTS)}")
     return PAIRED_DEFAULTS[tier]
+
+
+def latency_spec(model: str) -> EngineSpec:
+    """The paired latency runs' spec: 8 requests of 128 + 64 tokens (a round takes about 0.25 s on CPU)."""
+    return EngineSpec(model=model, workload="fixed", requests=8, block_size=32, max_model_len=512,
+                      kv_budget_gib=0.0625)

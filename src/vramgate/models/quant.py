@@ -39,19 +39,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vramgate.models.config import read_config
+from vramgate._moved import forwarding
 
 #: Bytes per element of a safetensors dtype.
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1}
 #: safetensors dtype of a model dtype name.
 MODEL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 DEFAULT_GROUP_SIZE = 128
-
-#: The reader of ``config.json`` this module used to define: the same function as
-#: :func:`vramgate.models.config.read_config` (kept importable here under its former name).
-load_config = read_config
 
 
 class QuantConfigError(ValueError):
@@ -340,3 +336,6 @@ def format_bytes(n: float) -> str:
     if n >= 10**6:
         return f"{n / 1e6:.2f} MB ({n / 2**20:.2f} MiB)"
     return f"{int(n):,} B"
+
+if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
+    __getattr__ = forwarding(__name__)

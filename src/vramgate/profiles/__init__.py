@@ -9,6 +9,9 @@ Import this layer's public names from here (``from vramgate.profiles import ...`
 which may split or move.
 """
 
+from typing import TYPE_CHECKING
+
+from vramgate._moved import forwarding
 from vramgate.profiles.diff import FilePatch, Hunk, PatchError, check_path, git_apply, mismatch, parse_diff
 from vramgate.profiles.manifest import (
     CheckpointFormat,
@@ -51,3 +54,6 @@ __all__ = [
     "unmet_here",
     "unmet_requirement",
 ]
+
+if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
+    __getattr__ = forwarding(__name__)

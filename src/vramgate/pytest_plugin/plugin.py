@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from vramgate._moved import forwarding
 from vramgate.machine import isa
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.hygiene import HygienePlugin
@@ -248,3 +249,6 @@ class GatePlugin:
         from vramgate.report import terminal_summary
 
         terminal_summary(gs.summary(), terminalreporter, verbose=terminalreporter.config.option.verbose > 0)
+
+if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
+    __getattr__ = forwarding(__name__)

@@ -3,6 +3,9 @@
 Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.summary.Summary` over.
 """
 
+from typing import TYPE_CHECKING
+
+from vramgate._moved import forwarding
 from vramgate.report.chart import plot_changes
 from vramgate.report.data import (
     ReportError,
@@ -34,3 +37,6 @@ __all__ = [
     "merge_reports", "plan_lines", "plot_changes", "pytest_command", "report_data", "rows_of", "terminal_summary",
     "text_table", "verdict_rank", "write_report", "write_report_data",
 ]
+
+if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
+    __getattr__ = forwarding(__name__)

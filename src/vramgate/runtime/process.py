@@ -75,8 +75,9 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float | None = None) -> N
     kill_groups([proc], grace_s)
 
 
-def wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float, grace_s: float | None = None) -> int | None:
-    """*proc*'s exit status, or None when it ran past *timeout_s* and its group was killed.
+def wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float | None,
+                 grace_s: float | None = None) -> int | None:
+    """*proc*'s exit status, or None when it ran past *timeout_s* (None: no limit) and its group was killed.
 
     Whatever happens (an exit, a timeout, an interrupt of this process) the group is ended on the way out:
     the child's own children go with it.

@@ -14,8 +14,7 @@ environment always sets its level, whatever the gate's process has.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 
 #: The level of an engine subprocess's log (Note [vLLM log level]).
@@ -32,14 +31,15 @@ OFFLINE = {
 }
 
 
-def vllm_environment(run_dir: Path, *, cache_root: Path | None = None, log_level: str = ENGINE_LOG_LEVEL,
+def vllm_environment(run_dir: Path, *, cache_root: Path | None = None, log_level: str | None = ENGINE_LOG_LEVEL,
                      temp: bool = True) -> dict[str, str]:
     """The variables that make vLLM offline and keep its files in *run_dir*.
 
     *cache_root* (default ``run_dir/cache``) holds vLLM's cache of model
     inspections and the compiled Triton and Inductor kernels; runs of one
     session may share it (compiled kernels depend on the code and the shapes,
-    not on the run). *temp* points ``TMPDIR`` into ``run_dir/tmp`` (created).
+    not on the run). *temp* points ``TMPDIR`` into ``run_dir/tmp`` (created). *log_level* None leaves
+    vLLM's log level to whoever sets it (Note [vLLM log level]).
     """
     cache = cache_root or run_dir / "cache"
     env = dict(OFFLINE)
@@ -49,8 +49,9 @@ def vllm_environment(run_dir: Path, *, cache_root: Path | None = None, log_level
         "VLLM_CONFIG_ROOT": str(run_dir / "config"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
-        "VLLM_LOGGING_LEVEL": log_level,
     })
+    if log_level is not None:
+        env["VLLM_LOGGING_LEVEL"] = log_level
     if temp:
         tmp = run_dir / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
@@ -68,18 +69,3 @@ def setdefault(env: Mapping[str, str]) -> None:
     """Set each of *env* in this process unless it is set already."""
     for key, value in env.items():
         os.environ.setdefault(key, value)
-
-
-@contextmanager
-def applied(env: Mapping[str, str]) -> Iterator[None]:
-    """Set *env* in this process for the ``with`` block, then restore what was there before."""
-    before = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

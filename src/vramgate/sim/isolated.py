@@ -32,7 +32,7 @@ TIMEOUT_S = 900.0
 
 
 def simulate_profile(model_dir: Path, workload: Workload, profile: Profile | None, *, work_dir: Path,
-                     timeout_s: float = TIMEOUT_S, **settings: Any) -> SimResult:
+                     timeout_s: float | None = TIMEOUT_S, **settings: Any) -> SimResult:
     """:func:`simulate` with *profile* applied (``None``: unpatched vLLM, in this process).
 
     The profile's engine arguments go to vLLM's config (``settings["engine_args"]`` win over them). A
@@ -50,13 +50,13 @@ def simulate_profile(model_dir: Path, workload: Workload, profile: Profile | Non
 
 
 def simulate_in_child(model_dir: Path, workload: Workload, *, overlay: Path, run_dir: Path,
-                      timeout_s: float = TIMEOUT_S, **settings: Any) -> SimResult:
+                      timeout_s: float | None = TIMEOUT_S, **settings: Any) -> SimResult:
     """:func:`simulate` in a child process whose ``import vllm`` finds *overlay* first; its files in *run_dir*.
 
     The child inherits this process's environment; vLLM's variables this process
     has not set come from :func:`~vramgate.runtime.vllm_env.vllm_environment` on *run_dir*.
     Raises :class:`SimulationError` with the child's stderr tail when it fails or
-    runs past *timeout_s*.
+    runs past *timeout_s* (None: no limit).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     request, result = run_dir / "request.json", run_dir / "result.json"
@@ -71,7 +71,7 @@ def simulate_in_child(model_dir: Path, workload: Workload, *, overlay: Path, run
                   cwd=run_dir)
     status = wait_or_kill(proc, timeout_s)
     if status is None:
-        raise SimulationError(f"simulation with overlay {overlay.name} ran past {timeout_s:g} s "
+        raise SimulationError(f"simulation with overlay {overlay.name} ran past {timeout_s or 0:g} s "
                               f"--- log tail ({log}) ---\n{tail(log)}")
     if status != 0 or not result.is_file():
         raise SimulationError(f"simulation with overlay {overlay.name} {describe_exit(status)} "
@@ -91,7 +91,10 @@ def main(argv: Sequence[str]) -> int:
     module, overlay = Path(str(result.settings["scheduler_module"])), Path(request["overlay"])
     if not module.is_relative_to(overlay):
         raise SimulationError(f"vLLM's scheduler was imported from {module}, not from the overlay {overlay}")
-    result_path.write_text(json.dumps(result.to_json()), encoding="utf-8")
+    data = result.to_json()
+    if request["settings"].get("keep_trace"):
+        data["peak_blocks_by_step"] = result.peak_blocks_by_step  # not among the figures, asked for here
+    result_path.write_text(json.dumps(data), encoding="utf-8")
     return 0
 
 

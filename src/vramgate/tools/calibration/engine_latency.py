@@ -35,8 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from vramgate._moved import forwarding
 from vramgate.core.stats import compare_samples
 
 #: Conditions of the measured part: the candidate's planted delay per engine step.
@@ -270,7 +271,7 @@ class Campaign:
 
 def run_campaign(root: Path, out: Path, campaign: Campaign, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the campaign on this machine's engine; write ``calibration.json`` and ``calibration.md`` into *out*."""
-    from vramgate.engine import apply_profile, run_engine
+    from vramgate.engine import apply_profile, latency_spec, run_engine
     from vramgate.engine.paired import PairedEngines, PairedResult, round_stat
 
     out.mkdir(parents=True, exist_ok=True)
@@ -307,14 +308,6 @@ def run_campaign(root: Path, out: Path, campaign: Campaign, log: Callable[[str],
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-")
-
-
-def latency_spec(model: str) -> Any:
-    """The paired latency runs' spec: 8 requests of 128 + 64 tokens (a round takes about 0.25 s on CPU)."""
-    from vramgate.engine import EngineSpec
-
-    return EngineSpec(model=model, workload="fixed", requests=8, block_size=32, max_model_len=512,
-                      kv_budget_gib=0.0625)
 
 
 def exact_run_spec(model: str) -> Any:
@@ -386,3 +379,6 @@ def render(data: dict[str, Any]) -> str:
                          f"{show(f['raw_detection']['delay-10%'])} | {'yes' if f['meets_targets'] else 'no'} |")
         lines.append("")
     return "\n".join(lines)
+
+if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
+    __getattr__ = forwarding(__name__)

@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("kernel_calibrate: no CUDA device here; use --device cpu", file=sys.stderr)
+            print("kernel_latency: no CUDA device here; use --device cpu", file=sys.stderr)
             return 2
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "--calls", str(args.calls), "--child", str(index)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         if done.returncode != 0:
-            print(f"kernel_calibrate: process {index} failed ({done.returncode}):\n{done.stderr[-3000:]}",
+            print(f"kernel_latency: process {index} failed ({done.returncode}):\n{done.stderr[-3000:]}",
                   file=sys.stderr)
             return 1
         got = json.loads((out / f"process-{index}.json").read_text(encoding="utf-8"))

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             shape.path.parent, workload, profile, work_dir=Path(tmp), block_size=args.block_size,
             num_gpu_blocks=args.kv_blocks, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
-            async_scheduling=not args.sync,
+            async_scheduling=not args.sync, timeout_s=None,  # a long trace runs as long as it takes
         )
     data = result.to_json()
     data["profile"] = args.profile
