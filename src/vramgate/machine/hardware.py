@@ -105,15 +105,13 @@ def _memory_bytes() -> int:
 
 
 def _gpus_from_nvml() -> tuple[tuple[GPUInfo, ...], str | None, str | None] | None:
-    try:
-        import pynvml  # type: ignore[import-not-found,import-untyped]
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # NVML library missing or no driver: no GPU here.
-        return None
     from vramgate.machine.devices import device_handle, visible_devices
+    from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
+
+    try:
+        pynvml = open_nvml()
+    except NVMLUnavailable:  # no nvidia-ml-py, NVML library missing or no driver: no GPU here.
+        return None
 
     try:
         gpus = []

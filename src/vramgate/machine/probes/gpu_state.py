@@ -23,7 +23,7 @@ from typing import Any
 
 from vramgate.machine import devices
 from vramgate.machine.probes.cpu import children
-from vramgate.machine.probes.nvml import NVMLUnavailable, _nvml
+from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
 
 #: NVML clock-event reason bits (``nvmlClocksEventReason*``) and their names.
 REASONS: dict[int, str] = {
@@ -79,7 +79,7 @@ def read_state(index: int = 0) -> GPUState:
     *index* is CUDA's (``CUDA_VISIBLE_DEVICES`` applied, :mod:`vramgate.machine.devices`); clocks and
     reasons of a MIG instance are its GPU's.
     """
-    nvml = _nvml()
+    nvml = open_nvml()
     try:
         try:
             h = devices.handle(nvml, index, parent=True)
@@ -117,7 +117,7 @@ def dram_bandwidth(mem_clock_mhz: float, bus_width_bits: int, transfers_per_cloc
 
 def device_peak_bandwidth(index: int = 0) -> float:
     """Theoretical memory bandwidth of CUDA device *index* in bytes/s (NVML: max memory clock x bus width x 2)."""
-    nvml = _nvml()
+    nvml = open_nvml()
     try:
         h = devices.handle(nvml, index, parent=True)
         return dram_bandwidth(
