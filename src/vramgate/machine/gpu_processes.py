@@ -21,6 +21,8 @@ from vramgate.machine.probes.cpu import proc_stat
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """One compute process on a visible GPU: pid, owner's uid (None when unknown), bytes used, CUDA index."""
+
     pid: int
     uid: int | None
     used_bytes: int

@@ -72,6 +72,7 @@ class Fingerprint:
         return TIER_KEYS[0] if self.device == "cuda" else TIER_KEYS[1]
 
     def to_json(self) -> dict[str, Any]:
+        """This fingerprint as JSON data (capabilities and flags as lists), with its tier."""
         data = asdict(self)
         data["gpus"] = [
             {**asdict(g), "capability": list(g.capability) if g.capability else None}
@@ -163,6 +164,7 @@ def visible_gpus() -> tuple[GPUInfo, ...]:
 
 
 def gpu_key(gpus: tuple[GPUInfo, ...]) -> str:
+    """The hardware key of *gpus*: the first GPU's normalized name, its GiB and the count (``nvidia-h200-140gb-x1``)."""
     first = gpus[0]
     gib = round(first.memory_bytes / 2**30)
     return f"{normalize(first.name)}-{gib}gb-x{len(gpus)}"

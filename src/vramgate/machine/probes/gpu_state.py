@@ -67,6 +67,7 @@ class GPUState:
     """Device bytes per compute process id."""
 
     def to_json(self) -> dict[str, Any]:
+        """This reading as JSON data (process ids as string keys, reasons as a list)."""
         data = asdict(self)
         data["processes"] = {str(k): v for k, v in self.processes.items()}
         data["reasons"] = list(self.reasons)
