@@ -114,8 +114,39 @@ def test_long_modules_say_why() -> None:
         "\n".join(long)
 
 
+def undocumented(module: str, path: Path) -> list[str]:
+    """The public names of *module* without a docstring: the module itself, its module-level functions and
+    classes, and the methods of its public classes (dunder methods excepted)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    missing = [] if module.split(".")[-1].startswith("_") or ast.get_docstring(tree) else [module]
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for node in tree.body:
+        if not isinstance(node, defs) or node.name.startswith("_"):
+            continue
+        if ast.get_docstring(node) is None:
+            missing.append(f"{module}.{node.name}")
+        if isinstance(node, ast.ClassDef):
+            missing += [f"{module}.{node.name}.{m.name}" for m in node.body
+                        if isinstance(m, defs) and not m.name.startswith("_") and ast.get_docstring(m) is None]
+    return missing
+
+
+def test_public_names_have_docstrings() -> None:
+    missing = [name for module, path in modules().items() for name in undocumented(module, path)]
+    assert not missing, "public names without a docstring:\n" + "\n".join(missing)
+
+
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     """The checker itself: an upward import is found."""
     path = tmp_path / "m.py"
     path.write_text("from vramgate.tools.cli import main\n")
     assert "vramgate.tools.cli" in imports("vramgate.core.fake", path)
+
+
+def test_the_docstring_rule_sees_a_gap(tmp_path: Path) -> None:
+    """The checker itself: an undocumented public function and method are found, private names are not."""
+    path = tmp_path / "m.py"
+    path.write_text('"""A module."""\n\n\ndef f() -> None:\n    pass\n\n\ndef _g() -> None:\n    pass\n\n\n'
+                    'class C:\n    """A class."""\n\n    def to_json(self) -> None:\n        pass\n\n'
+                    '    def __repr__(self) -> str:\n        return ""\n')
+    assert undocumented("vramgate.core.fake", path) == ["vramgate.core.fake.f", "vramgate.core.fake.C.to_json"]

@@ -55,6 +55,7 @@ class RequestSpec:
 
     @property
     def total_len(self) -> int:
+        """Prompt plus output tokens."""
         return self.prompt_len + self.output_len
 
 
@@ -73,14 +74,17 @@ class Workload:
 
     @property
     def prompt_tokens(self) -> int:
+        """Prompt tokens of all requests."""
         return sum(r.prompt_len for r in self.requests)
 
     @property
     def output_tokens(self) -> int:
+        """Output tokens of all requests."""
         return sum(r.output_len for r in self.requests)
 
     @property
     def max_len(self) -> int:
+        """The longest request's prompt plus output tokens (0 without requests)."""
         return max((r.total_len for r in self.requests), default=0)
 
     def prompt_token_ids(self, vocab_size: int) -> list[list[int]]:
@@ -101,6 +105,7 @@ class Workload:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """The workload as JSON data, as a saved workload file holds it."""
         return {
             "name": self.name, "seed": self.seed, "arrivals": self.arrivals, "params": self.params,
             "requests": [asdict(r) for r in self.requests],
@@ -108,6 +113,7 @@ class Workload:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Workload:
+        """The workload in *data* (as :meth:`to_json` writes it); :class:`WorkloadError` naming *where* if malformed."""
         if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
             raise WorkloadError(f"{where}: must be an object with a list 'requests'")
         try:
@@ -131,12 +137,15 @@ def _clamp(value: float, low: int, high: int) -> int:
 
 
 def fixed(n: int, seed: int, max_model_len: int, *, prompt_len: int = 128, output_len: int = 64) -> list[RequestSpec]:
+    """*n* requests of *prompt_len* prompt and *output_len* output tokens (*seed* and *max_model_len* unused)."""
     return [RequestSpec(prompt_len, output_len) for _ in range(n)]
 
 
 def uniform(
     n: int, seed: int, max_model_len: int, *, prompt: tuple[int, int] = (16, 512), output: tuple[int, int] = (16, 256)
 ) -> list[RequestSpec]:
+    """*n* requests with prompt and output lengths drawn uniformly from *prompt* and *output*, cut to fit
+    *max_model_len*; seeded."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -155,6 +164,8 @@ def sharegpt(
     sigma_input: float = 1.0,
     sigma_output: float = 0.8,
 ) -> list[RequestSpec]:
+    """*n* requests with log-normal prompt and output lengths around ShareGPT's means, clamped to fit
+    *max_model_len* (prompts to half of it); seeded."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -168,6 +179,8 @@ def shared_prefix(
     n: int, seed: int, max_model_len: int, *, prefix_len: int = 512, suffix: tuple[int, int] = (16, 128),
     output_len: int = 64,
 ) -> list[RequestSpec]:
+    """*n* requests sharing a prefix of *prefix_len* tokens (at most half of *max_model_len*), each with a
+    seeded uniform suffix from *suffix* and *output_len* output tokens."""
     rng = random.Random(seed)
     prefix_len = min(prefix_len, max_model_len // 2)
     out = []
@@ -179,6 +192,8 @@ def shared_prefix(
 
 
 def long_context(n: int, seed: int, max_model_len: int, *, output_len: int = 32) -> list[RequestSpec]:
+    """*n* requests with prompts drawn uniformly from a quarter of *max_model_len* up to what leaves room for
+    *output_len* output tokens; seeded."""
     rng = random.Random(seed)
     low = max(1, max_model_len // 4)
     return [RequestSpec(rng.randint(low, max_model_len - output_len), output_len) for _ in range(n)]
@@ -207,10 +222,12 @@ def poisson_arrivals(requests: list[RequestSpec], rate_per_s: float, seed: int) 
 
 
 def workloads_dir(root: Path) -> Path:
+    """The folder of saved workload files under *root*: ``<root>/fixtures/workloads``."""
     return root / "fixtures" / "workloads"
 
 
 def available_workloads(root: Path | None = None) -> list[str]:
+    """Names of the generated workloads, then those saved under *root* that are not generator names."""
     saved = sorted(p.stem for p in workloads_dir(root).glob("*.json")) if root else []
     return sorted(GENERATORS) + [s for s in saved if s not in GENERATORS]
 

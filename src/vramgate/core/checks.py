@@ -38,6 +38,7 @@ class Finding:
 
     @property
     def failed(self) -> bool:
+        """Whether this finding fails its test: a failing verdict or a broken budget."""
         return self.verdict in FAILING or self.budget is not None
 
 

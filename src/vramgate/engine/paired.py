@@ -80,9 +80,11 @@ class PairedResult:
     init_s: dict[str, float] = field(default_factory=dict)
 
     def stats(self, stat: str) -> tuple[list[float], list[float]]:
+        """The per-round *stat* (see :func:`round_stat`) of the reference rounds and of the candidate rounds."""
         return [round_stat(r, stat) for r in self.a], [round_stat(r, stat) for r in self.b]
 
     def ratios(self, stat: str) -> list[float]:
+        """The per-pair ratios candidate / reference of *stat* (the paired metric's samples)."""
         return round_ratios(*self.stats(stat))
 
 
@@ -198,6 +200,7 @@ class PairedEngines:
         return result
 
     def close(self) -> None:
+        """Close both engine servers (see :meth:`EngineServer.close`)."""
         for server in self.servers.values():
             server.close()
 

@@ -36,19 +36,20 @@ from vramgate.engine.measure import (
     PLANT_WEIGHT_BYTES_ENV,
     StepTimer,
     device_total_bytes,
+    engine_versions,
     percentiles,
     plant_weight_bytes,
     planted_delay,
     planted_fraction,
     request_latency,
     requests_of,
-    software_versions,
     worker_allocator,
     worker_figures,
 )
 from vramgate.engine.spec import EngineSpec
 from vramgate.machine import isa
 from vramgate.models.config import load_model
+from vramgate.store.files import atomic_write_text
 from vramgate.workloads import build
 
 
@@ -139,7 +140,7 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     layers = sum(g["layers"] for g in worker["groups"])
     return {
         "spec": spec.to_json(),
-        "versions": software_versions(),
+        "versions": engine_versions(),
         "device": torch.cuda.get_device_name(0) if on_gpu else f"cpu ({platform.machine()})",
         "kv": {
             "block_size": cache.block_size,
@@ -224,7 +225,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     prompts, params = requests_of(spec, workload, vocab, SamplingParams)
     timer = StepTimer(core, delay)
     _write_json(control / "ready.json",
-                {"init_s": init_s, "versions": software_versions(), "planted_delay": timer.delay})
+                {"init_s": init_s, "versions": engine_versions(), "planted_delay": timer.delay})
     for line in sys.stdin:
         words = line.split()
         if not words:
@@ -242,9 +243,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
 def main(argv: list[str]) -> int:

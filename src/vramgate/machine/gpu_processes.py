@@ -21,6 +21,8 @@ from vramgate.machine.probes.cpu import proc_stat
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """One compute process on a visible GPU: pid, owner's uid (None when unknown), bytes used, CUDA index."""
+
     pid: int
     uid: int | None
     used_bytes: int
@@ -51,9 +53,9 @@ def gpu_processes() -> list[GpuProcess]:
     GPUs are not this job's to clean), from NVML. :class:`~vramgate.machine.probes.nvml.NVMLUnavailable` where NVML
     cannot be used: a cleanup that cannot see the GPUs must say so, not pass as "nothing to do"."""
     from vramgate.machine.devices import device_handle, visible_devices
-    from vramgate.machine.probes.nvml import _nvml
+    from vramgate.machine.probes.nvml import open_nvml
 
-    nvml = _nvml()
+    nvml = open_nvml()
     try:
         out = []
         for device in visible_devices(nvml):

@@ -72,6 +72,7 @@ class Fingerprint:
         return TIER_KEYS[0] if self.device == "cuda" else TIER_KEYS[1]
 
     def to_json(self) -> dict[str, Any]:
+        """This fingerprint as JSON data (capabilities and flags as lists), with its tier."""
         data = asdict(self)
         data["gpus"] = [
             {**asdict(g), "capability": list(g.capability) if g.capability else None}
@@ -105,15 +106,13 @@ def _memory_bytes() -> int:
 
 
 def _gpus_from_nvml() -> tuple[tuple[GPUInfo, ...], str | None, str | None] | None:
-    try:
-        import pynvml  # type: ignore[import-not-found,import-untyped]
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # NVML library missing or no driver: no GPU here.
-        return None
     from vramgate.machine.devices import device_handle, visible_devices
+    from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
+
+    try:
+        pynvml = open_nvml()
+    except NVMLUnavailable:  # no nvidia-ml-py, NVML library missing or no driver: no GPU here.
+        return None
 
     try:
         gpus = []
@@ -165,6 +164,7 @@ def visible_gpus() -> tuple[GPUInfo, ...]:
 
 
 def gpu_key(gpus: tuple[GPUInfo, ...]) -> str:
+    """The hardware key of *gpus*: the first GPU's normalized name, its GiB and the count (``nvidia-h200-140gb-x1``)."""
     first = gpus[0]
     gib = round(first.memory_bytes / 2**30)
     return f"{normalize(first.name)}-{gib}gb-x{len(gpus)}"

@@ -96,6 +96,7 @@ class AttentionShape:
 
     @property
     def kind(self) -> str:
+        """``decode`` for a one-token query, else ``prefill``."""
         return "decode" if self.q_len == 1 else "prefill"
 
     def input_bytes(self) -> int:
@@ -105,6 +106,7 @@ class AttentionShape:
         return (q + kv) * self.dtype_bytes
 
     def output_bytes(self) -> int:
+        """Bytes of the attention output: ``{B, Hq, Sq, d}`` in the input dtype."""
         return self.batch * self.q_heads * self.q_len * self.head_size * self.dtype_bytes
 
     def lse_bytes(self) -> int:
@@ -122,6 +124,7 @@ class AttentionShape:
     # -- FlashAttention-2 -------------------------------------------------------
 
     def fa2_head_size_rounded(self) -> int:
+        """The head size FA2 pads to: a multiple of 32 up to 128, of 64 above."""
         step = 32 if self.head_size <= 128 else 64
         return -(-self.head_size // step) * step
 
@@ -139,6 +142,7 @@ class AttentionShape:
         return heads, q_len, -(-self.k_len // block_n)
 
     def fa2_splits(self, num_sms: int) -> int:
+        """The number of KV splits FA2's heuristic picks for this shape on a GPU with *num_sms* SMs."""
         heads, q_len, n_blocks = self.fa2_grid()
         m_blocks = -(-q_len // 64)
         return fa2_num_splits(self.batch * heads * m_blocks, num_sms, n_blocks)
@@ -167,6 +171,7 @@ class AttentionShape:
         return 4 * self.batch * self.q_heads * self.q_len * self.k_len * self.head_size
 
     def label(self) -> str:
+        """A short label: batch, query and KV heads, query and key lengths, head size."""
         return (
             f"B{self.batch} Hq{self.q_heads}/Hkv{self.kv_heads} Sq{self.q_len} Sk{self.k_len} "
             f"d{self.head_size}"

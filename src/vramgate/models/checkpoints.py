@@ -57,6 +57,7 @@ class Checkpoint:
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of all the checkpoint's tensors."""
         return sum(b for _, _, b in self.tensors.values())
 
 

@@ -58,6 +58,7 @@ class ModelShape:
         return self.head_dim
 
     def dtype_bytes(self, kv_cache_dtype: str) -> int:
+        """Bytes per KV cache element for *kv_cache_dtype* (``auto``: the model's dtype); ValueError if unknown."""
         name = self.dtype if kv_cache_dtype == "auto" else kv_cache_dtype
         try:
             return KV_DTYPE_BYTES[name]

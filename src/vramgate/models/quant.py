@@ -93,10 +93,12 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
+        """The number of elements."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the tensor in its dtype."""
         return self.numel * DTYPE_BYTES[self.dtype]
 
 
@@ -278,6 +280,7 @@ class WeightSize:
 
     @property
     def params(self) -> int:
+        """Parameters of the whole checkpoint: linear plus dense."""
         return self.linear_params + self.dense_params
 
     @property

@@ -47,9 +47,11 @@ class VllmKVLayout:
 
     @property
     def capacity_tokens(self) -> int:
+        """Tokens the KV cache holds: blocks times block size."""
         return self.num_blocks * self.block_size
 
     def to_json(self) -> dict[str, Any]:
+        """This layout as JSON data, with its capacity in tokens."""
         return {**dataclasses.asdict(self), "capacity_tokens": self.capacity_tokens}
 
 

@@ -44,6 +44,7 @@ class ProfileClaim:
     text: str = ""
 
     def holds(self, patched: float, baseline: float) -> tuple[bool, float]:
+        """Whether the claim holds for a *patched* and an unpatched (*baseline*) figure, and the value compared."""
         value = patched / baseline if self.compare == "ratio" else patched - baseline
         if self.compare == "ratio" and baseline == 0:
             value = 1.0 if patched == 0 else float("inf")
@@ -52,6 +53,7 @@ class ProfileClaim:
         return ok, value
 
     def describe(self) -> str:
+        """The claim in words: its own text, else metric, comparison, operator, bound and workload."""
         what = f"{self.metric} patched/unpatched" if self.compare == "ratio" else f"{self.metric} patched-unpatched"
         return self.text or f"{what} {self.op} {self.bound:g}" + (f" on {self.workload}" if self.workload else "")
 

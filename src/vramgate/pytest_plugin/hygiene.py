@@ -86,10 +86,10 @@ def tree_rss(pids: set[int]) -> dict[int, int]:
 def device_readings() -> dict[int, DeviceReading] | None:
     """NVML's used memory of every device this process sees (by CUDA index), and this process's share where NVML
     names it; None without NVML."""
-    from vramgate.machine.probes.nvml import NVMLUnavailable, _nvml
+    from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
 
     try:
-        nvml = _nvml()
+        nvml = open_nvml()
     except NVMLUnavailable:
         return None
     torch = sys.modules.get("torch")

@@ -36,6 +36,7 @@ def _unnumber(v: Any) -> float | None:
 
 
 def finding_json(f: Finding) -> dict[str, Any]:
+    """A :class:`~vramgate.core.checks.Finding` as JSON data (non-finite numbers as strings)."""
     return {"metric": _metric(f.metric), "verdict": f.verdict,
             "baseline": _metric(f.baseline) if f.baseline is not None else None,
             "provenance": f.provenance.to_json() if f.provenance else None, "change": _number(f.change),
@@ -43,6 +44,7 @@ def finding_json(f: Finding) -> dict[str, Any]:
 
 
 def finding_from(data: dict[str, Any]) -> Finding:
+    """The :class:`~vramgate.core.checks.Finding` that :func:`finding_json` wrote as *data*."""
     prov = data["provenance"]
     return Finding(_unmetric(data["metric"]), data["verdict"],
                    _unmetric(data["baseline"]) if data["baseline"] else None,

@@ -75,6 +75,7 @@ class SimResult:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
+        """Prefix-cache hits as a fraction of queries (0 without queries)."""
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     def figures(self) -> dict[str, Any]:

@@ -63,6 +63,7 @@ class NodeBaseline:
     recorded: Provenance
 
     def to_json(self) -> dict[str, Any]:
+        """This test's baseline as the file stores it: metrics by name and where they were recorded."""
         return {
             "metrics": {name: m.to_json() for name, m in sorted(self.metrics.items())},
             "recorded": self.recorded.to_json(),
@@ -79,6 +80,7 @@ class BaselineFile:
     tests: dict[str, NodeBaseline] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The whole baseline file as JSON data: schema, suite, hardware and tests by node id."""
         return {
             "schema": SCHEMA_VERSION,
             "suite": self.suite,
@@ -206,6 +208,7 @@ class DirectoryStorage:
         self._cache: dict[Path, BaselineFile | None] = {}
 
     def path_for(self, key: str, suite: str) -> Path:
+        """The file of *suite*'s baseline on hardware *key*: ``<root>/<key>/<suite>.json``."""
         return self.root / key / f"{suite}.json"
 
     def _read(self, path: Path) -> BaselineFile | None:
@@ -218,12 +221,15 @@ class DirectoryStorage:
         return parse_baseline(path, text)
 
     def load(self, key: str, suite: str) -> BaselineFile | None:
+        """The baseline of *suite* on hardware *key* (read once, then cached), or None when there is none."""
         path = self.path_for(key, suite)
         if path not in self._cache:
             self._cache[path] = self._read(path)
         return self._cache[path]
 
     def update(self, key: str, suite: str, hardware: dict[str, Any], tests: dict[str, NodeBaseline]) -> Path:
+        """Merge *tests* into the stored baseline under a lock (dropping tests left without metrics) and write it
+        atomically; returns its path."""
         path = self.path_for(key, suite)
         with locked(path.parent / f".{suite}.lock"):
             current = self._read(path) or BaselineFile(path=path, suite=suite, hardware=hardware)
@@ -236,6 +242,7 @@ class DirectoryStorage:
         return path
 
     def validate_all(self) -> list[Path]:
+        """Parse every stored baseline and return their paths; :class:`BaselineError` on the first bad one."""
         if not self.root.is_dir():
             return []
         paths = sorted(p for p in self.root.glob("*/*.json") if p.is_file())

@@ -34,6 +34,7 @@ class Move:
 
     @property
     def change(self) -> str:
+        """``added``, ``removed``, or the change from old to new value as a signed percentage."""
         if self.old is None:
             return "added"
         if self.new is None:
@@ -41,6 +42,7 @@ class Move:
         return format_change(relative_change(self.new.value, self.old.value))
 
     def to_json(self, now: Metric | None, matches: bool | None) -> dict[str, Any]:
+        """This move as JSON data, plus the value measured *now* (None: not measured) and whether it *matches* new."""
         either = self.new or self.old
         assert either is not None, "a move has at least one side"
         return {"file": self.file, "test": self.nodeid, "metric": self.metric,

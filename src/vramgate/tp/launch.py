@@ -90,10 +90,12 @@ class Launcher:
         self.started_at = 0.0
 
     def log_path(self, rank: int) -> Path:
+        """The log file of rank *rank*."""
         return self.run_dir / f"rank{rank}.log"
 
     @property
     def pids(self) -> list[int]:
+        """Process ids of the started ranks."""
         return [p.pid for p in self.procs]
 
     def start(self) -> Launcher:

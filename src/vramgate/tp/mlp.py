@@ -86,10 +86,12 @@ class ShardedMLP:
     # -- pieces -----------------------------------------------------------------------
 
     def sync_device(self) -> None:
+        """Wait for this rank's CUDA work to finish (nothing to wait for on CPU)."""
         if self.spec.device == "cuda":
             self.torch.cuda.synchronize(self.device)
 
     def barrier(self) -> None:
+        """Wait for every rank (and, on CUDA, for this rank's device work)."""
         if self.spec.device == "cuda":
             self.dist.barrier(device_ids=[self.rank])
             self.torch.cuda.synchronize(self.device)
@@ -101,6 +103,7 @@ class ShardedMLP:
         return self.torch.nn.functional.silu(gu[:, : self.local_inter]).mul_(gu[:, self.local_inter:])
 
     def rows(self, src: int, chunk: int) -> slice:
+        """The rows of the gathered input that chunk *chunk* of rank *src*'s shard occupies."""
         start = src * self.local_tokens + chunk * self.chunk_rows
         return slice(start, start + self.chunk_rows)
 
@@ -206,5 +209,6 @@ class ShardedMLP:
                     symm_mem.enable_symm_mem_for_group(self.group_name)
 
     def error(self, out: Any) -> float:
+        """The largest absolute difference between *out* and this rank's fp32 reference rows."""
         return float((out.float() - self.reference).abs().max())
 

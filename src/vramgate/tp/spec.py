@@ -118,6 +118,7 @@ class TPSpec:
 
     @property
     def backend(self) -> str:
+        """The ``torch.distributed`` backend of the spec's device: ``gloo`` on CPU, ``nccl`` on CUDA."""
         return BACKENDS[self.device]
 
     def validate(self, where: str = "tp spec") -> None:

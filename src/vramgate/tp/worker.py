@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.machine import isa
+from vramgate.store.files import atomic_write_text
 from vramgate.tp.mlp import ShardedMLP
 from vramgate.tp.spec import TPSpec
 
@@ -228,10 +229,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # a failed collective can leave threads that would block a normal exit
-    path = spec_path.parent / f"rank{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(spec_path.parent / f"rank{rank}.json", json.dumps(result, indent=1, sort_keys=True))
     return 0
 
 

@@ -109,6 +109,7 @@ class PeakRSS:
 
     @property
     def delta_bytes(self) -> int:
+        """How far the peak RSS rose above the RSS at entry, in bytes (0 when it did not)."""
         return max(0, self.peak_bytes - self.start_bytes)
 
 

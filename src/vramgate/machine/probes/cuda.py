@@ -24,6 +24,7 @@ class AllocatorStats:
 
     @classmethod
     def from_memory_stats(cls, stats: dict[str, Any]) -> AllocatorStats:
+        """The figures in *stats*, a ``torch.cuda.memory_stats()`` dictionary (a missing entry reads 0)."""
         def get(name: str) -> int:
             return int(stats.get(name, 0))
 
@@ -74,20 +75,24 @@ class CudaRegion:
 
     @property
     def peak_bytes(self) -> int:
+        """The allocator's peak allocated bytes during the block (read after the block)."""
         assert self.after is not None, "read the probe after its block"
         return self.after.allocated_peak_bytes
 
     @property
     def peak_delta_bytes(self) -> int:
+        """The most the block had allocated beyond what was allocated at entry, in bytes."""
         assert self.before is not None and self.after is not None, "read the probe after its block"
         return self.after.allocated_peak_bytes - self.before.allocated_bytes
 
     @property
     def new_alloc_retries(self) -> int:
+        """cudaMalloc calls during the block that failed and were retried after freeing cached blocks."""
         assert self.before is not None and self.after is not None
         return self.after.alloc_retries - self.before.alloc_retries
 
     @property
     def new_ooms(self) -> int:
+        """Out-of-memory errors the allocator raised during the block."""
         assert self.before is not None and self.after is not None
         return self.after.ooms - self.before.ooms

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from vramgate._moved import forwarding
 from vramgate.machine import devices
 from vramgate.machine.probes.cpu import children
-from vramgate.machine.probes.nvml import NVMLUnavailable, _nvml
+from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
 
 #: NVML clock-event reason bits (``nvmlClocksEventReason*``) and their names.
 REASONS: dict[int, str] = {
@@ -68,6 +68,7 @@ class GPUState:
     """Device bytes per compute process id."""
 
     def to_json(self) -> dict[str, Any]:
+        """This reading as JSON data (process ids as string keys, reasons as a list)."""
         data = asdict(self)
         data["processes"] = {str(k): v for k, v in self.processes.items()}
         data["reasons"] = list(self.reasons)
@@ -80,7 +81,7 @@ def read_state(index: int = 0) -> GPUState:
     *index* is CUDA's (``CUDA_VISIBLE_DEVICES`` applied, :mod:`vramgate.machine.devices`); clocks and
     reasons of a MIG instance are its GPU's.
     """
-    nvml = _nvml()
+    nvml = open_nvml()
     try:
         try:
             h = devices.handle(nvml, index, parent=True)
@@ -118,7 +119,7 @@ def dram_bandwidth(mem_clock_mhz: float, bus_width_bits: int, transfers_per_cloc
 
 def device_peak_bandwidth(index: int = 0) -> float:
     """Theoretical memory bandwidth of CUDA device *index* in bytes/s (NVML: max memory clock x bus width x 2)."""
-    nvml = _nvml()
+    nvml = open_nvml()
     try:
         h = devices.handle(nvml, index, parent=True)
         return dram_bandwidth(

@@ -14,7 +14,11 @@ class NVMLUnavailable(RuntimeError):
     """NVML cannot be used here (no nvidia-ml-py, no driver, or no GPU)."""
 
 
-def _nvml() -> Any:
+def open_nvml() -> Any:
+    """Import ``pynvml`` and start NVML; the caller calls ``nvmlShutdown()`` when done.
+
+    Returns the ``pynvml`` module; raises :class:`NVMLUnavailable` when it is not installed or NVML cannot start.
+    """
     try:
         import pynvml  # type: ignore[import-not-found,import-untyped]
     except ImportError:
@@ -28,7 +32,7 @@ def _nvml() -> Any:
 
 def driver_cuda() -> str:
     """The CUDA version the installed NVIDIA driver supports (``13.0``); :class:`NVMLUnavailable` without NVML."""
-    nvml = _nvml()
+    nvml = open_nvml()
     try:
         v = int(nvml.nvmlSystemGetCudaDriverVersion())
     finally:
@@ -51,7 +55,7 @@ def read_device(index: int = 0) -> DeviceMemory:
     """Read CUDA device *index*'s memory and its processes' usage now (``CUDA_VISIBLE_DEVICES`` applied)."""
     from vramgate.machine import devices
 
-    nvml = _nvml()
+    nvml = open_nvml()
     try:
         try:
             handle = devices.handle(nvml, index)

@@ -59,6 +59,7 @@ class Rate:
 
     @property
     def rate(self) -> float:
+        """Hits per trial (NaN without trials)."""
         return self.hits / self.trials if self.trials else math.nan
 
     def bounds(self) -> tuple[float, float]:
@@ -72,10 +73,12 @@ class Rate:
         return (max(0.0, centre - half), min(1.0, centre + half))
 
     def to_json(self) -> dict[str, Any]:
+        """The rate as JSON data: hits, trials, rate and its Wilson 95% interval."""
         lo, hi = self.bounds()
         return {"hits": self.hits, "trials": self.trials, "rate": self.rate, "wilson95": [lo, hi]}
 
     def show(self) -> str:
+        """The rate in words: ``hits/trials (rate, 95% CI low-high)``."""
         lo, hi = self.bounds()
         return f"{self.hits}/{self.trials} ({self.rate:.1%}, 95% CI {lo:.1%}-{hi:.1%})"
 
@@ -91,6 +94,7 @@ class Trial:
 
     @property
     def ratios(self) -> list[float]:
+        """Per-round ratios candidate / reference."""
         return [y / x for x, y in zip(self.a, self.b, strict=True)]
 
 
@@ -120,11 +124,13 @@ class Figures:
     raw_detection: dict[str, Rate] = field(default_factory=dict)
 
     def meets(self) -> bool:
+        """Whether history false alarms and detection of the 10% delay meet the targets (``TARGET_*``)."""
         det = self.history_detection.get("delay-10%")
         return (self.history_false_alarms.trials > 0 and self.history_false_alarms.rate <= TARGET_FALSE_ALARMS
                 and det is not None and det.trials > 0 and det.rate >= TARGET_DETECTION)
 
     def to_json(self) -> dict[str, Any]:
+        """These figures as JSON data, with whether they meet the targets."""
         return {"tolerance": self.tolerance, "alpha": self.alpha,
                 "history_false_alarms": self.history_false_alarms.to_json(),
                 "history_detection": {k: v.to_json() for k, v in self.history_detection.items()},
@@ -172,6 +178,7 @@ def analyze(trials: Sequence[Trial], tolerance: float, alpha: float) -> Figures:
 
 def sweep(trials: Sequence[Trial], tolerances: Sequence[float] = TOLERANCES,
           alphas: Sequence[float] = ALPHAS) -> list[Figures]:
+    """The :func:`analyze` figures of *trials* at every level in *alphas* and tolerance in *tolerances*."""
     return [analyze(trials, tol, alpha) for alpha in alphas for tol in tolerances]
 
 
@@ -226,6 +233,7 @@ class ExactFigures:
     """Planted regression -> the metric that must catch it."""
 
     def to_json(self) -> dict[str, Any]:
+        """These figures as JSON data: reruns, comparisons, false alarms, and what caught each planted regression."""
         comparisons = self.reruns * self.metrics_per_run
         return {"reruns": self.reruns, "comparisons": comparisons, "false_alarms": self.false_alarms,
                 "planted": {k: {"caught_by": v, "expected": self.expected[k], "detected": self.expected[k] in v}
@@ -319,6 +327,7 @@ def exact_run_spec(model: str) -> Any:
 
 
 def figures_json(raw: dict[str, Any], trial_rounds: int, stats: Sequence[str]) -> dict[str, Any]:
+    """Per statistic in *stats*, the :func:`sweep` of *raw* cut into trials of *trial_rounds* rounds, as JSON data."""
     return {stat: [f.to_json() for f in sweep(make_trials(raw, stat, trial_rounds))] for stat in stats}
 
 

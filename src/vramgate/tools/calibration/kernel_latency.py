@@ -97,6 +97,7 @@ class Timer:
         return wait
 
     def time(self, fn: Callable[[], object], after: Callable[[], None]) -> float:
+        """Seconds *fn* followed by *after* takes: CUDA events after an L2 flush on CUDA, wall time on CPU."""
         torch = self.torch
         if self.device != "cuda":
             t0 = time.perf_counter()
@@ -138,6 +139,7 @@ def child(device: str, calls: int, seed: int) -> dict[str, dict[str, list[float]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run the campaign's processes (or, with ``--child``, one process's share) and write the figures."""
     parser = argparse.ArgumentParser(prog="python -m vramgate.tools.calibration.kernel_latency",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("out", help="folder for calibration.json and calibration.md")
