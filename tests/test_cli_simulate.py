@@ -1,7 +1,7 @@
 """``vramgate simulate``: the command line prints the simulator's figures as JSON and refuses unknown names.
 
 These run vLLM's scheduler, so they need vLLM: the unit env (no vLLM) skips
-them, saying so, and the cpu env runs them (``tox -e cpu``, after the gate;
+them, saying so, and the full CPU gate runs them (``tox -e cpu-full``, after the gate;
 ``VRAMGATE_REQUIRE_VLLM=1`` there makes a missing vLLM an error).
 """
 

@@ -41,6 +41,9 @@ from vramgate.machine.probes.cpu import children, rss_bytes
 from vramgate.pytest_plugin.plugin import SESSION_NAME
 from vramgate.testing import Engine
 
+#: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
+pytestmark = pytest.mark.gate_nightly("the real engine's fault paths: the harness's robustness, no profile's figures")
+
 MODEL = "tiny-llama"
 #: 2,048 tokens of tiny-llama need 2,129,920 B of KV (1 KiB per token, one null block); vLLM gets 512 KiB.
 TOO_SMALL_BYTES = 512 << 10

@@ -17,6 +17,9 @@ from vramgate.sim import settings_of_engine
 from vramgate.testing import PRESSURE_SPEC, Engine, Simulator
 from vramgate.workloads import build
 
+#: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
+pytestmark = pytest.mark.gate_nightly("the simulator's agreement with the engine: block_manager gates the profiles")
+
 #: KV pool of the simulated run: 2,048 blocks of 16 tokens (32k tokens) for up to 256 sequences.
 SIM_KV_BLOCKS = 2048
 

@@ -58,6 +58,9 @@ from vramgate.tp import (
     peak_change,
 )
 
+#: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
+pytestmark = pytest.mark.gate_nightly("tensor-parallel overlap claims: no optimization profile changes them")
+
 #: (device, tensor-parallel size): 2 gloo ranks fit a 2-core machine; NCCL where the GPUs are.
 DEVICE_WORLD = [
     pytest.param("cpu", 2, id="cpu-tp2"),

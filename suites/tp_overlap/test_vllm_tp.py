@@ -30,6 +30,9 @@ from vramgate.core.metrics import median
 from vramgate.engine import EngineResult, EngineSpec
 from vramgate.testing import Engine, ModelLoader
 
+#: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
+pytestmark = pytest.mark.gate_nightly("tensor-parallel claims: no optimization profile changes them")
+
 MODEL = "llama-3.1-8b"
 BLOCK_SIZE = 16
 #: KV budget per rank (vLLM's ``kv_cache_memory_bytes`` is per GPU).

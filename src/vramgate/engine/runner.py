@@ -191,9 +191,12 @@ def run_engine(
 class EngineCache:
     """Runs each distinct spec once per session and hands out the same result after."""
 
-    def __init__(self, root: Path, base_dir: Path) -> None:
+    def __init__(self, root: Path, base_dir: Path, *, cache_root: Path | None = None) -> None:
         self.root = root
         self.base_dir = base_dir
+        self.cache_root = cache_root or base_dir / "vllm-cache"
+        """vLLM's caches (model inspections, compiled kernels), shared by every run: nothing in them depends on
+        the run; the suites share one between pytest-xdist workers too."""
         self._results: dict[str, EngineResult | EngineError] = {}
 
     def run(self, spec: EngineSpec) -> EngineResult:
@@ -205,7 +208,7 @@ class EngineCache:
                 resolved, paths = apply_profile(spec, self.root, self.base_dir / "overlays")
                 self._results[key] = run_engine(
                     resolved, self.root, self.base_dir / f"{spec.model}-{key}", extra_pythonpath=paths,
-                    cache_root=self.base_dir / "vllm-cache",
+                    cache_root=self.cache_root,
                 )
             except EngineError as exc:
                 self._results[key] = exc

