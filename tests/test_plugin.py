@@ -228,6 +228,34 @@ def test_unknown_marker_argument_is_an_error(pytester: pytest.Pytester) -> None:
     ])
 
 
+def test_gate_nightly_needs_a_reason_and_deselects_with_m(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_m="""
+        import pytest
+        @pytest.mark.gate_nightly("no profile changes it")
+        def test_full_only():
+            pass
+        def test_premerge():
+            pass
+        """
+    )
+    result = pytester.runpytest("-m", "not gate_nightly", "-v")
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*test_premerge PASSED*"])
+    pytester.makepyfile(
+        test_m="""
+        import pytest
+        @pytest.mark.gate_nightly("  ")
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_m.py::test_x: bad arguments to marker gate_nightly(reason: str): "
+                                 "reason must say why*"])
+
+
 def test_bad_marker_value_is_an_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_m="""
