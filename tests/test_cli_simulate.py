@@ -24,6 +24,8 @@ def test_cli_simulate_json(vllm_env: Path, project_root: Path) -> None:
     assert data["requests"] == 50 and data["block_size"] == 32
     assert data["prefix_cache_hit_rate"] > 0.5  # 49 of 50 requests reuse the shared 512-token prompt
     assert data["settings"]["chunked_prefill"] and data["settings"]["prefix_caching"]
+    timing = data["timing"]  # vLLM's own scheduler calls are timed inside the step loop
+    assert 0 < timing["scheduler_s"] <= timing["loop_s"] <= timing["total_s"]
 
 
 def test_cli_rejects_unknown_names(vllm_env: Path, project_root: Path) -> None:
