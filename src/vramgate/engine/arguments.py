@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vramgate.engine.spec import EngineSpec
+from vramgate.engine.spec import EngineSpec, kv_budget_bytes
 
 #: What a GPU engine needs next to its weights and KV cache (CUDA context, activations of the profile run,
 #: CUDA graphs, NCCL), for the start-up check that ``gpu_memory_utilization`` drives (Note [GPU utilization]).
@@ -46,7 +46,7 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None
         block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
         enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
-        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=int(spec.kv_budget_gib * 2**30),
+        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=kv_budget_bytes(spec),
         seed=spec.seed, disable_log_stats=False,
     )
     if spec.attention_backend:

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -167,8 +166,7 @@ def run_engine(
                           process.tail(log_path), run_dir)
     wall = time.monotonic() - start
     if rc != 0:
-        why = process.describe_exit(rc) + (" (out of memory?)" if rc == -signal.SIGKILL else "")
-        raise EngineError(f"engine for {spec.model} {why}", process.tail(log_path), run_dir,
+        raise EngineError(f"engine for {spec.model} {process.describe_exit(rc)}", process.tail(log_path), run_dir,
                           details={KV_TOO_SMALL: _kv_figures(spec, root)})
     try:
         data = json.loads(result_path.read_text(encoding="utf-8"))

@@ -233,7 +233,7 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
             raise (UnsupportedHere if the_gpu else SpecError)(f"spec: {reason}")
     # A request of max_model_len must fit in the KV budget, next to vLLM's null block.
     per_token, need = kv_need(spec, root)
-    budget = int(spec.kv_budget_gib * 2**30)
+    budget = kv_budget_bytes(spec)
     if need > budget:
         raise SpecError(
             f"spec field 'kv_budget_gib' = {spec.kv_budget_gib!r} is too small: one request of max_model_len "

@@ -95,7 +95,10 @@ def wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float | None,
 
 
 def describe_exit(status: int) -> str:
-    """How a child ended, from its exit status: ``exited with status 1``, ``was killed by SIGKILL``."""
+    """How a child ended, from its exit status: ``exited with status 1``, ``was killed by SIGKILL (out of
+    memory?)`` (the kernel's out-of-memory killer sends SIGKILL; so may a person or a runner)."""
+    if status == -signal.SIGKILL:
+        return "was killed by SIGKILL (out of memory?)"
     if status < 0:
         try:
             return f"was killed by {signal.Signals(-status).name}"

@@ -84,6 +84,9 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m vramgate.sim.isolated REQUEST RESULT", file=sys.stderr)
         return 2
+    from vramgate.machine import isa
+
+    isa.apply_cap()  # Note [ISA cap]: before this process imports vLLM
     request_path, result_path = Path(argv[0]), Path(argv[1])
     request = json.loads(request_path.read_text(encoding="utf-8"))
     workload = Workload.from_json(request["workload"], str(request_path))

@@ -16,9 +16,9 @@ from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, 
 
 
 class Engine:
-    """Runs engine specs once per session; a crash or timeout fails the test with the log tail, and a spec that
-    this machine's vLLM kernels cannot run (fp8 KV, 4-bit linear layers without AVX-512) skips it with the reason,
-    decided before the engine starts."""
+    """Runs engine specs once per session (per pytest-xdist worker); a crash or timeout fails the test with the
+    log tail, and a spec that this machine's vLLM kernels cannot run (fp8 KV, 4-bit linear layers without
+    AVX-512) skips it with the reason, decided before the engine starts."""
 
     def __init__(self, cache: EngineCache) -> None:
         self.cache = cache
@@ -59,7 +59,8 @@ def small_run_block_size(model: str) -> int:
 def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
     """16 requests of 128 + 64 tokens at a 0.25 GiB KV budget (*block_size* default: the shared one).
 
-    The capacity, latency and quantization suites ask for the same specs, so each runs once per session.
+    The capacity, latency and quantization suites ask for the same specs, so each runs once per session (once
+    per pytest-xdist worker that runs one of those tests).
     """
     return EngineSpec(model=model, workload="fixed", requests=16,
                       block_size=small_run_block_size(model) if block_size is None else block_size,

@@ -75,7 +75,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def engine(vllm_env: Path, project_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
     """Run vLLM's offline engine on an :class:`~vramgate.engine.EngineSpec`: ``engine.run(spec)``.
 
-    Each distinct spec runs once per session, in a subprocess, with its files in
+    Each distinct spec runs once per session (per pytest-xdist worker), in a subprocess, with its files in
     this session's temporary folder.
     """
     return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine"), cache_root=vllm_env / "cache"))
