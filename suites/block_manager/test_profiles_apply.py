@@ -11,6 +11,7 @@ import pytest
 
 from vramgate.engine import EngineSpec, backend_problem
 from vramgate.profiles import PatchError, Profile, build_overlay, check, installed_target, load_profile
+from vramgate.testing import version_problem
 
 
 def digest(paths: list[Path]) -> str:
@@ -21,12 +22,12 @@ def digest(paths: list[Path]) -> str:
 
 
 @pytest.mark.gate_profiles()
-def test_profile_applies(vllm_env: Path, profile: Profile) -> None:
+def test_profile_applies(vllm_here: Path, profile: Profile) -> None:
     assert check(profile) is None
 
 
 @pytest.mark.gate_profiles(where=lambda p: "attention_backend" in p.engine_args)
-def test_backend_profiles_fit_their_backend(vllm_env: Path, profile: Profile) -> None:
+def test_backend_profiles_fit_their_backend(vllm_here: Path, profile: Profile) -> None:
     """On a GPU its [requires] admits, the profile's engine arguments pass vLLM 0.32.0's backend checks; on one
     it does not admit, vLLM's class says why (the gate skips with that reason instead of crashing at start)."""
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
@@ -39,7 +40,7 @@ def test_backend_profiles_fit_their_backend(vllm_env: Path, profile: Profile) ->
         assert "compute capability 8.0" in found[0]
 
 
-def test_backend_block_size_is_checked(vllm_env: Path) -> None:
+def test_backend_block_size_is_checked(vllm_here: Path) -> None:
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
                       attention_backend="FLASHMLA")
     found = backend_problem(spec, (9, 0))
@@ -48,8 +49,11 @@ def test_backend_block_size_is_checked(vllm_env: Path) -> None:
     assert unknown is not None and "is not one of vLLM's backends" in unknown[0]
 
 
-def test_refused_profiles_leave_vllm_byte_identical(vllm_env: Path, project_root: Path, tmp_path: Path) -> None:
+def test_refused_profiles_leave_vllm_byte_identical(vllm_here: Path, project_root: Path, tmp_path: Path) -> None:
     good = load_profile(project_root / "patches" / "block-manager-min-recompute")
+    problem = version_problem(good)
+    if problem:
+        pytest.skip(problem)
     _, _, package_dir = installed_target(good)
     touched = [package_dir / "v1" / "core" / "sched" / "scheduler.py"]
     before = digest(touched)

@@ -19,7 +19,6 @@ import contextlib
 import json
 import random
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from vramgate.core.records import record_fields
 from vramgate.engine.runner import EngineError, engine_env
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
 from vramgate.runtime import process
+from vramgate.runtime.engine_env import engine_python
 
 #: Per-round statistics a round yields (see :func:`round_stat`).
 STATISTICS = ("tpot", "ttft", "e2e", "step", "wall")
@@ -110,7 +110,8 @@ class EngineServer:
             stale.unlink(missing_ok=True)  # an earlier server's answers must not pass for this one's
         spec_path, self.log_path = run_dir / "spec.json", run_dir / "engine.log"
         spec_path.write_text(json.dumps({"spec": resolved.to_json(), "root": str(root)}, indent=2, sort_keys=True))
-        cmd = [sys.executable, "-m", "vramgate.engine.worker", "--serve", str(spec_path), str(self.control)]
+        cmd = [resolved.python or engine_python(), "-m", "vramgate.engine.worker", "--serve", str(spec_path),
+               str(self.control)]
         self.proc = process.launch(cmd, self.log_path, env=engine_env(resolved, run_dir, paths, cache_root),
                                    cwd=run_dir, stdin=subprocess.PIPE)
 

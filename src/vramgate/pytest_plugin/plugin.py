@@ -23,6 +23,7 @@ from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
 from vramgate.report import failure_message, junit_properties, plan_lines, rows_of, text_table
+from vramgate.runtime import engine_env
 from vramgate.store.baselines import BaselineError
 
 SESSION_NAME = "vramgate-session"
@@ -46,6 +47,15 @@ def pytest_configure(config: pytest.Config) -> None:
     except isa.ISAError as exc:
         raise pytest.UsageError(str(exc)) from None
     session = GateSession(config)
+    for flag, python in (("--gate-engine-python", session.options.engine_python),
+                         ("--gate-upgrade-from", session.options.upgrade_from)):
+        try:
+            if python and flag == "--gate-engine-python":
+                engine_env.use(python)  # in this process's environment: xdist's workers and every child see it
+            elif python:
+                engine_env.probe(python).require_vllm()
+        except engine_env.EngineEnvError as exc:
+            raise pytest.UsageError(f"{flag}: {exc}") from None
     config.pluginmanager.register(session, SESSION_NAME)
     if session.options.hygiene:
         # Registered before the gate's hooks, so that its report wrapper sees a test's own outcome, before
@@ -210,6 +220,9 @@ class GatePlugin:
                 gs.moves = moved(self.config.rootpath, gs.baselines_ref, gs.baselines_dir)
             except RefError as exc:
                 gs.errors.append(str(exc))
+        problem = gs.version_problem()
+        if problem:
+            gs.errors.append(problem)
         if gs.report_dir is not None and (gs.results or gs.claims or gs.moves):
             from vramgate.report import write_report
 

@@ -3,6 +3,7 @@ baselines, the baselines to write, and the plain :class:`~vramgate.report.summar
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_value
 from vramgate.pytest_plugin.options import read_options
 from vramgate.report.summary import CheckedMetric, Hardware, NodeSummary, Summary, accept_command
+from vramgate.runtime import engine_env
 from vramgate.store.baselines import BaselineError, DirectoryStorage, NodeBaseline
 from vramgate.store.moves import Move
 
@@ -121,6 +123,10 @@ class GateSession:
         """The versions of the software a baseline records (read on first use)."""
         if self._software is None:
             self._software = software_versions()
+            if self.options.engine_python:  # what is measured is the engine environment's (Note [engine env])
+                env = engine_env.probe(self.options.engine_python)
+                if not env.is_gate_interpreter:
+                    self._software.update({**env.versions(), "engine_python": env.python})
         return self._software
 
     def provenance(self) -> Provenance:
@@ -323,6 +329,20 @@ class GateSession:
         return NodeSummary(result.nodeid, result.suite, result.test_passed, metrics,
                            self.rel(result.baseline_path) if result.baseline_path else None, result.mismatches,
                            result.conditions)
+
+    def version_problem(self) -> str | None:
+        """Note [vLLM mismatch in CI]: baselines recorded with another vLLM version than the one measured are a
+        prominent line everywhere; in CI (``CI`` set true, as GitHub Actions sets it) they fail the run, unless
+        it is an upgrade run (``--gate-upgrade-from``) or re-records the baselines (``--gate-update``). Only the
+        version counts, not the distribution: the CPU build's portable baselines serve the GPU tier too."""
+        if os.environ.get("CI", "").lower() not in ("1", "true", "yes") or self.update or self.options.upgrade_from:
+            return None
+        lines = sorted({m for r in self.results for m in r.mismatches if m.startswith("vllm:")})
+        if not lines:
+            return None
+        return (f"the baselines were recorded with another vLLM than the one measured ({'; '.join(lines)}): in CI "
+                "this fails the run unless it is an upgrade run (vramgate upgrade, or --gate-upgrade-from) or it "
+                "re-records the baselines (--gate-update)")
 
     def summary(self) -> Summary:
         """Everything the session found, for the terminal summary and the report files."""

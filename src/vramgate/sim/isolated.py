@@ -1,4 +1,5 @@
-"""The simulator with an optimization profile applied: in this process, or in a child that imports the patched vLLM.
+"""The simulator with an optimization profile applied, or in another engine environment: in this process,
+or in a child that imports the patched (or the other) vLLM.
 
 A profile's engine arguments reach vLLM's config in any process. Its diff
 series does not: the patched scheduler exists only in the profile's overlay,
@@ -9,6 +10,8 @@ profile with diffs runs in a child process: the parent writes the request
 and writes the :class:`SimResult`'s JSON form back (``python -m
 vramgate.sim.isolated REQUEST RESULT``). The child checks that vLLM's
 scheduler came from the overlay; a run that imported the unpatched one fails.
+So does every simulation when the engine environment is another interpreter
+(:mod:`vramgate.runtime.engine_env`): its vLLM is not the one this process imports.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.profiles import Profile, build_overlay
+from vramgate.runtime import engine_env
 from vramgate.runtime.process import describe_exit, launch, pythonpath, tail, wait_or_kill
 from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
 from vramgate.sim.simulator import SimResult, SimulationError, simulate
@@ -39,19 +43,24 @@ def simulate_profile(model_dir: Path, workload: Workload, profile: Profile | Non
     profile without diffs runs in this process; one with diffs runs in a child with its overlay, built
     under *work_dir* (which also holds each child's request, result and vLLM files).
     """
-    if profile is None:
+    env = engine_env.current()
+    if profile is not None:
+        settings = {**settings, "engine_args": {**profile.engine_args, **settings.get("engine_args", {})}}
+    if env.is_gate_interpreter and (profile is None or not profile.series):
         return simulate(model_dir, workload, **settings)
-    settings = {**settings, "engine_args": {**profile.engine_args, **settings.get("engine_args", {})}}
-    if not profile.series:
-        return simulate(model_dir, workload, **settings)
-    overlay = build_overlay(profile, work_dir / "overlays")
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{profile.name}-", dir=work_dir))
+    overlay = None
+    if profile is not None and profile.series:
+        target = None if env.is_gate_interpreter else (str(env.require_vllm().vllm), Path(str(env.vllm_package)))
+        overlay = build_overlay(profile, work_dir / "overlays", target)
+    name = profile.name if profile is not None else "unpatched"
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
     return simulate_in_child(model_dir, workload, overlay=overlay, run_dir=run_dir, timeout_s=timeout_s, **settings)
 
 
-def simulate_in_child(model_dir: Path, workload: Workload, *, overlay: Path, run_dir: Path,
+def simulate_in_child(model_dir: Path, workload: Workload, *, overlay: Path | None, run_dir: Path,
                       timeout_s: float | None = TIMEOUT_S, **settings: Any) -> SimResult:
-    """:func:`simulate` in a child process whose ``import vllm`` finds *overlay* first; its files in *run_dir*.
+    """:func:`simulate` in a child process of the engine environment whose ``import vllm`` finds *overlay*
+    first (None: the environment's own vLLM); its files in *run_dir*.
 
     The child inherits this process's environment; vLLM's variables this process
     has not set come from :func:`~vramgate.runtime.vllm_env.vllm_environment` on *run_dir*.
@@ -61,20 +70,21 @@ def simulate_in_child(model_dir: Path, workload: Workload, *, overlay: Path, run
     run_dir.mkdir(parents=True, exist_ok=True)
     request, result = run_dir / "request.json", run_dir / "result.json"
     request.write_text(json.dumps({"model_dir": str(model_dir), "workload": workload.to_json(),
-                                   "settings": settings, "overlay": str(overlay)}), encoding="utf-8")
+                                   "settings": settings, "overlay": str(overlay) if overlay else None}),
+                       encoding="utf-8")
     env = dict(os.environ)
     for key, value in vllm_environment(run_dir, log_level=IN_PROCESS_LOG_LEVEL, temp=False).items():
         env.setdefault(key, value)
-    env["PYTHONPATH"] = pythonpath(env, first=[overlay])
+    env["PYTHONPATH"] = pythonpath(env, first=[overlay] if overlay else [])
     log = run_dir / "simulation.log"
-    proc = launch([sys.executable, "-m", "vramgate.sim.isolated", str(request), str(result)], log, env=env,
-                  cwd=run_dir)
+    what = f"simulation with overlay {overlay.name}" if overlay else f"simulation under {engine_env.engine_python()}"
+    proc = launch([engine_env.engine_python(), "-m", "vramgate.sim.isolated", str(request), str(result)], log,
+                  env=env, cwd=run_dir)
     status = wait_or_kill(proc, timeout_s)
     if status is None:
-        raise SimulationError(f"simulation with overlay {overlay.name} ran past {timeout_s or 0:g} s "
-                              f"--- log tail ({log}) ---\n{tail(log)}")
+        raise SimulationError(f"{what} ran past {timeout_s or 0:g} s --- log tail ({log}) ---\n{tail(log)}")
     if status != 0 or not result.is_file():
-        raise SimulationError(f"simulation with overlay {overlay.name} {describe_exit(status)} "
+        raise SimulationError(f"{what} {describe_exit(status)} "
                               f"--- log tail ({log}) ---\n{tail(log)}")
     return SimResult.from_json(json.loads(result.read_text(encoding="utf-8")), str(result))
 
@@ -91,8 +101,8 @@ def main(argv: Sequence[str]) -> int:
     request = json.loads(request_path.read_text(encoding="utf-8"))
     workload = Workload.from_json(request["workload"], str(request_path))
     result = simulate(Path(request["model_dir"]), workload, **request["settings"])
-    module, overlay = Path(str(result.settings["scheduler_module"])), Path(request["overlay"])
-    if not module.is_relative_to(overlay):
+    module, overlay = Path(str(result.settings["scheduler_module"])), request["overlay"]
+    if overlay is not None and not module.is_relative_to(overlay):
         raise SimulationError(f"vLLM's scheduler was imported from {module}, not from the overlay {overlay}")
     data = result.to_json()
     if request["settings"].get("keep_trace"):

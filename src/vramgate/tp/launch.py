@@ -25,12 +25,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from vramgate.runtime import process
+from vramgate.runtime.engine_env import engine_python
 from vramgate.tp.spec import RankResult, TPError, TPSpec, TPSpecError
 
 #: Seconds between two looks at the ranks.
@@ -175,8 +175,9 @@ class Launcher:
 
 
 def worker_command(spec_path: Path, python: str | None = None) -> list[str]:
-    """The command line of one rank of :mod:`vramgate.tp.worker`."""
-    return [python or sys.executable, "-m", "vramgate.tp.worker", str(spec_path)]
+    """The command line of one rank of :mod:`vramgate.tp.worker`, under *python* (default: the engine
+    environment's interpreter, whose torch the ranks measure)."""
+    return [python or engine_python(), "-m", "vramgate.tp.worker", str(spec_path)]
 
 
 def prepare(spec: TPSpec, run_dir: Path) -> Path:
