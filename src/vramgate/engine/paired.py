@@ -78,6 +78,8 @@ class PairedResult:
     order: list[str] = field(default_factory=list)
     """``"ab"`` or ``"ba"`` per pair."""
     init_s: dict[str, float] = field(default_factory=dict)
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    """The versions (python, vllm, torch) each side's engine reported, by side (``a``, ``b``)."""
 
     def stats(self, stat: str) -> tuple[list[float], list[float]]:
         """The per-round *stat* (see :func:`round_stat`) of the reference rounds and of the candidate rounds."""
@@ -105,6 +107,8 @@ class EngineServer:
         validate(resolved, root)  # with the profile's engine arguments, as EngineCache validates it
         self.spec, self.run_dir = resolved, run_dir
         self.control = run_dir / "control"
+        self.versions: dict[str, str] = {}
+        """The versions the engine reported when it came up (python, vllm, torch)."""
         self.control.mkdir(parents=True, exist_ok=True)
         for stale in [*self.control.glob("round-*.json"), self.control / "ready.json"]:
             stale.unlink(missing_ok=True)  # an earlier server's answers must not pass for this one's
@@ -137,7 +141,9 @@ class EngineServer:
 
     def ready(self) -> float:
         """Wait until the engine is up; its start-up time in seconds."""
-        return float(self._wait_for(self.control / "ready.json", self.spec.timeout_s)["init_s"])
+        ready = self._wait_for(self.control / "ready.json", self.spec.timeout_s)
+        self.versions = {str(k): str(v) for k, v in dict(ready.get("versions") or {}).items()}
+        return float(ready["init_s"])
 
     def round(self, index: int, timeout_s: float) -> Round:
         """Run the workload once more; its latencies."""
@@ -187,7 +193,8 @@ class PairedEngines:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         rng = random.Random(seed)
-        result = PairedResult(init_s=dict(self.init_s))
+        result = PairedResult(init_s=dict(self.init_s),
+                              versions={side: s.versions for side, s in self.servers.items()})
         for i in range(warmup + rounds):
             order = "ab" if rng.random() < 0.5 else "ba"
             got = {}

@@ -144,3 +144,15 @@ def tp_runner(tmp_path_factory: pytest.TempPathFactory) -> TPRunner:
     """
     pytest.importorskip("torch")
     return TPRunner(tmp_path_factory.mktemp("tp"))
+
+
+@pytest.fixture(scope="session")
+def upgrade_from(request: pytest.FixtureRequest, vllm_env: Path) -> engine_env.EngineEnv:
+    """The engine environment of the vLLM an upgrade run upgrades from (``--gate-upgrade-from PY``, set by
+    ``vramgate upgrade``); the run's own engine environment is the one upgraded to. Skips outside an upgrade run."""
+    from vramgate.pytest_plugin.options import read_options
+
+    python = read_options(request.config).upgrade_from
+    if python is None:
+        pytest.skip("an upgrade run only: --gate-upgrade-from PY (vramgate upgrade sets it)")
+    return engine_env.probe(python).require_vllm()

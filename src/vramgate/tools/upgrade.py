@@ -1,0 +1,189 @@
+"""``vramgate upgrade FROM TO``: what a vLLM upgrade does to the gate's figures, its latency and the profiles.
+
+Note [upgrade run]: the suites run twice, once under each version's engine
+environment (its own interpreter, so that the code that reads vLLM in the test
+process reads that version too), each with an empty baselines folder: each side
+records, nothing is compared with the stored baselines, and the two runs'
+report.json files are compared metric by metric under each metric's own rule
+(:mod:`vramgate.report.compare`), the old version playing the baseline. Then the
+new version's engine and the old one's run paired, taking turns
+(``suites/latency/test_upgrade_latency.py``), and every profile is checked
+against both versions' sources (:mod:`vramgate.profiles.applicability`), with a
+three-way rebase proposed where one does not apply as is. The result is a
+folder: each side's report and log, the paired run's, the proposals, and
+``upgrade.md`` / ``upgrade.json``.
+
+An engine environment is named by its interpreter, or made on demand under
+``.vramgate/engines/vllm-<tier>-<version>`` (:func:`vramgate.tools.install.install`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+from vramgate.profiles import load_profiles
+from vramgate.runtime import engine_env, process
+
+#: Where ``vramgate upgrade`` makes the engine environments it is not given, under the project root.
+ENGINES_DIR = Path(".vramgate") / "engines"
+#: The suites' selection of an upgrade run by default: the pre-merge gate (docs/running.md).
+DEFAULT_MARKS = "not gate_nightly"
+#: The paired latency test of an upgrade run.
+PAIRED_TEST = "suites/latency/test_upgrade_latency.py"
+#: Seconds one side's run may take.
+SIDE_TIMEOUT_S = 3600.0
+
+
+class UpgradeError(RuntimeError):
+    """An upgrade run that cannot go on: an environment that is missing or holds another vLLM, a side that
+    left no report."""
+
+
+@dataclass
+class SideRun:
+    """One pytest run of the suites: under which environment, its outcome, where its files are."""
+
+    label: str
+    env: engine_env.EngineEnv
+    folder: Path
+    status: int = 0
+    seconds: float = 0.0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def report(self) -> Path:
+        """The run's report.json."""
+        return self.folder / "report.json"
+
+    def to_json(self) -> dict[str, Any]:
+        """This run as JSON data."""
+        return {"label": self.label, "env": self.env.to_json(), "folder": str(self.folder), "status": self.status,
+                "seconds": round(self.seconds, 1), "outcomes": self.outcomes, "failed": self.failed}
+
+
+def engine_folder(root: Path, tier: str, version: str) -> Path:
+    """Where the engine environment of *version* on *tier* is made when none is given."""
+    return root / ENGINES_DIR / f"vllm-{tier}-{version}"
+
+
+def resolve_env(root: Path, tier: str, version: str, python: str | None, *, install: bool) -> engine_env.EngineEnv:
+    """The engine environment of vLLM *version*: *python*'s, else the one under :data:`ENGINES_DIR` (made when
+    *install*); :class:`UpgradeError` when it holds another version or none can be found."""
+    if python is None:
+        folder = engine_folder(root, tier, version)
+        candidate = folder / "bin" / "python"
+        if not candidate.exists():
+            if not install:
+                raise UpgradeError(f"no engine environment for vLLM {version} at {folder}; make one with "
+                                   f"'vramgate install-engine {tier} --vllm {version} --venv {folder}' or pass its "
+                                   "interpreter")
+            from vramgate.tools.install import install as install_engine
+
+            install_engine(tier, version, folder)
+        python = str(candidate.absolute())
+    try:
+        env = engine_env.probe(str(Path(python).absolute())).require_vllm()
+    except engine_env.EngineEnvError as exc:
+        raise UpgradeError(str(exc)) from None
+    if env.vllm != version:
+        raise UpgradeError(f"the engine environment {env.python} holds {env.vllm_distribution} {env.vllm}, "
+                           f"not vLLM {version}")
+    return env
+
+
+def junit_outcomes(path: Path) -> tuple[dict[str, int], list[str]]:
+    """(counts of passed/failed/skipped/error tests, the failed tests' ids) from a JUnit XML file."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    failed: list[str] = []
+    try:
+        tree = ElementTree.parse(path)
+    except (OSError, ElementTree.ParseError):
+        return counts, failed
+    for case in tree.iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name', '')}"
+        kinds = {child.tag for child in case}
+        if "failure" in kinds or "error" in kinds:
+            counts["failed" if "failure" in kinds else "error"] += 1
+            failed.append(name)
+        elif "skipped" in kinds:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts, failed
+
+
+def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine_env.EngineEnv | None,
+             workers: int) -> SideRun:
+    """Run pytest under *side*'s interpreter with *args*, recording into an empty baselines folder
+    (Note [upgrade run]); its outcome goes into *side*."""
+    side.folder.mkdir(parents=True, exist_ok=True)
+    empty = side.folder / "baselines"
+    empty.mkdir(exist_ok=True)
+    cmd = [side.env.python, "-m", "pytest", *args, "-p", "no:cacheprovider", "-q",
+           "--gate-baselines", str(empty), "--gate-missing", "skip", "--gate-report", str(side.folder),
+           "--junitxml", str(side.folder / "junit.xml")]
+    if upgrade_from is not None:
+        cmd += ["--gate-upgrade-from", upgrade_from.python]
+    if workers > 1:
+        cmd += ["-n", str(workers)]
+    env = dict(os.environ)
+    env.pop(engine_env.ENGINE_PYTHON_VAR, None)  # the side's own interpreter is its engine environment
+    env.update({"VRAMGATE_REQUIRE_VLLM": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1", "PYTHONPATH": process.pythonpath(env)})
+    log = side.folder / "pytest.log"
+    print(f"vramgate upgrade: {side.label}: {' '.join(cmd)}", flush=True)
+    start = time.monotonic()
+    proc = process.launch(cmd, log, env=env, cwd=root)
+    status = process.wait_or_kill(proc, SIDE_TIMEOUT_S)
+    side.seconds = time.monotonic() - start
+    side.status = -1 if status is None else status
+    side.outcomes, side.failed = junit_outcomes(side.folder / "junit.xml")
+    if not side.report.is_file():
+        raise UpgradeError(f"{side.label}: the run {process.describe_exit(side.status) if status is not None else 'timed out'} "
+                           f"and wrote no report --- log tail ({log}) ---\n{process.tail(log)}")
+    print(f"vramgate upgrade: {side.label}: {side.outcomes} in {side.seconds:.0f} s", flush=True)
+    return side
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A report.json's data; :class:`UpgradeError` naming the file when it cannot be read."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UpgradeError(f"{path}: {exc}") from None
+    return data
+
+
+def suite_args(suites: list[str], marks: str | None, keyword: str | None) -> list[str]:
+    """pytest's arguments selecting *suites* (names under ``suites/``, or paths), *marks* and *keyword*."""
+    args = [s if "/" in s or s.endswith(".py") else f"suites/{s}" for s in suites] or ["suites"]
+    if marks:
+        args += ["-m", marks]
+    if keyword:
+        args += ["-k", keyword]
+    return args
+
+
+def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.EngineEnv, out: Path) -> list[dict[str, Any]]:
+    """Each profile checked against the two versions' sources, with proposals written under *out*."""
+    from vramgate.profiles.applicability import check_applicability, write_proposal
+
+    rows: list[dict[str, Any]] = []
+    for profile in load_profiles(root):
+        row: dict[str, Any] = {"profile": profile.name, "target": profile.version}
+        for label, env, other in (("old", old, new), ("new", new, old)):
+            result = check_applicability(profile, Path(str(env.vllm_package)), str(env.vllm),
+                                         base_dir=Path(str(other.vllm_package)))
+            row[label] = result.to_json()
+            if result.proposal is not None:
+                row[label]["proposal_files"] = [str(p) for p in write_proposal(result, out / "profiles" / label)]
+        rows.append(row)
+    return rows
