@@ -9,7 +9,9 @@ hygiene's are :class:`~vramgate.pytest_plugin.hygiene.HygienePlugin`.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
                          ("--gate-upgrade-from", session.options.upgrade_from)):
         try:
             if python and flag == "--gate-engine-python":
+                before = os.environ.get(engine_env.ENGINE_PYTHON_VAR)
                 engine_env.use(python)  # in this process's environment: xdist's workers and every child see it
+                config.add_cleanup(functools.partial(restore_env, engine_env.ENGINE_PYTHON_VAR, before))
             elif python:
                 engine_env.probe(python).require_vllm()
         except engine_env.EngineEnvError as exc:
@@ -63,6 +67,14 @@ def pytest_configure(config: pytest.Config) -> None:
         hygiene = HygienePlugin(lambda: session.active, session.options.engine_fixtures)
         config.pluginmanager.register(hygiene, f"{SESSION_NAME}-hygiene")
     config.pluginmanager.register(GatePlugin(session), f"{SESSION_NAME}-hooks")
+
+
+def restore_env(name: str, value: str | None) -> None:
+    """Set the variable *name* back to *value* (unset it for None)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 @pytest.fixture

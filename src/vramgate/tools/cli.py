@@ -20,10 +20,11 @@ from vramgate.tools.commands import (
     plan,
     report,
     simulate,
+    upgrade,
 )
 
 #: The command modules, in the order ``vramgate --help`` lists their commands.
-COMMANDS = (hardware, doctor, simulate, engine, patches, report, gpu_cleanup, calibrate, plan, install_engine)
+COMMANDS = (hardware, doctor, simulate, engine, patches, report, gpu_cleanup, calibrate, plan, install_engine, upgrade)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,8 +146,9 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
     side.status = -1 if status is None else status
     side.outcomes, side.failed = junit_outcomes(side.folder / "junit.xml")
     if not side.report.is_file():
-        raise UpgradeError(f"{side.label}: the run {process.describe_exit(side.status) if status is not None else 'timed out'} "
-                           f"and wrote no report --- log tail ({log}) ---\n{process.tail(log)}")
+        how = process.describe_exit(side.status) if status is not None else f"ran past {SIDE_TIMEOUT_S:g} s"
+        raise UpgradeError(f"{side.label}: the run {how} and wrote no report --- log tail ({log}) ---\n"
+                           f"{process.tail(log)}")
     print(f"vramgate upgrade: {side.label}: {side.outcomes} in {side.seconds:.0f} s", flush=True)
     return side
 
@@ -187,3 +187,63 @@ def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.Engine
                 row[label]["proposal_files"] = [str(p) for p in write_proposal(result, out / "profiles" / label)]
         rows.append(row)
     return rows
+
+
+def paired_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The paired latency run's ratios (new / old per round) from its report data."""
+    rows = []
+    for test in data.get("tests", []):
+        for metric in test.get("metrics", []):
+            now = metric.get("now") or {}
+            samples = [float(v) for v in now.get("samples") or []]
+            rows.append({"test": test.get("nodeid"), "metric": metric.get("name"), "median": now.get("value"),
+                         "low": min(samples) if samples else None, "high": max(samples) if samples else None,
+                         "rounds": len(samples), "tolerance": (now.get("paired") or {}).get("tolerance"),
+                         "failed": bool(metric.get("failed")), "message": test.get("message")})
+    return rows
+
+
+def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: str = "cpu",
+            old_python: str | None = None, new_python: str | None = None, install: bool = True,
+            suites: list[str] | None = None, marks: str | None = DEFAULT_MARKS, keyword: str | None = None,
+            workers: int = 2, paired: bool = True) -> dict[str, Any]:
+    """Run the upgrade *old_version* -> *new_version* (Note [upgrade run]) with its files under *out*; the
+    upgrade's data (what ``upgrade.json`` holds). :class:`UpgradeError` when it cannot run."""
+    from vramgate.report.compare import compare_reports
+
+    start = time.monotonic()
+    old_env = resolve_env(root, tier, old_version, old_python, install=install)
+    new_env = resolve_env(root, tier, new_version, new_python, install=install)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = (f"vLLM {old_version}", f"vLLM {new_version}")
+    args = suite_args(suites or [], marks, keyword)
+    old = run_side(root, SideRun(labels[0], old_env, out / f"vllm-{old_version}"), args, upgrade_from=old_env,
+                   workers=workers)
+    new = run_side(root, SideRun(labels[1], new_env, out / f"vllm-{new_version}"), args, upgrade_from=old_env,
+                   workers=workers)
+    comparison = compare_reports(read_report(old.report), read_report(new.report), labels=labels)
+    latency: dict[str, Any] = {}
+    if paired:
+        side = run_side(root, SideRun(f"paired {labels[1]} / {labels[0]}", new_env, out / "paired"), [PAIRED_TEST],
+                        upgrade_from=old_env, workers=1)
+        latency = {"run": side.to_json(), "rows": paired_rows(read_report(side.report))}
+    profiles = profile_checks(root, old_env, new_env, out)
+    data = {
+        "schema": 1, "from": old_version, "to": new_version, "tier": tier,
+        "runs": [old.to_json(), new.to_json()], "comparison": comparison.to_json(),
+        "comparison_markdown": comparison.markdown(), "paired": latency, "profiles": profiles,
+        "regressions": len(comparison.regressions) + sum(r["failed"] for r in latency.get("rows", [])),
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    from vramgate.report.upgrade import upgrade_markdown
+    from vramgate.store.files import atomic_write_text
+
+    atomic_write_text(out / "upgrade.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "upgrade.md", upgrade_markdown(data))
+    return data
+
+
+def main_exit(data: dict[str, Any]) -> int:
+    """The exit status of an upgrade run: 1 when the upgrade regresses a metric or the paired latency, else 0."""
+    return 1 if data["regressions"] else 0
+

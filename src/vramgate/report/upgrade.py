@@ -1,0 +1,71 @@
+"""The upgrade report: what a vLLM upgrade moves, as markdown (``upgrade.md``), from ``upgrade.json``'s data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramgate.core.metrics import format_value
+
+#: How a profile's check reads in the report.
+STATUS_WORDS = {"applies": "applies as is", "offsets": "applies with offsets", "conflicts": "CONFLICTS",
+                "no-diffs": "no diffs (engine arguments only)"}
+
+
+def _outcomes(run: dict[str, Any]) -> str:
+    counts = run.get("outcomes") or {}
+    parts = [f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped") if counts.get(k)]
+    return f"{', '.join(parts) or 'no tests'} in {run.get('seconds', 0):.0f} s"
+
+
+def _env_line(run: dict[str, Any]) -> str:
+    env = run["env"]
+    return (f"- **{run['label']}**: {env.get('vllm_distribution')} {env.get('vllm')}, torch {env.get('torch')}, "
+            f"python {env.get('python_version')}: {_outcomes(run)}")
+
+
+def _profile_cell(check: dict[str, Any]) -> str:
+    words = STATUS_WORDS.get(str(check.get("status")), str(check.get("status")))
+    if not check.get("in_target", True):
+        words += " (outside its target)"
+    detail = "; ".join(str(n) for n in check.get("notes") or [])
+    files = check.get("proposal_files") or []
+    if files:
+        detail = (detail + "; " if detail else "") + "proposal: " + ", ".join(f"`{f}`" for f in files)
+    return words + (f": {detail}" if detail else "")
+
+
+def upgrade_markdown(data: dict[str, Any]) -> str:
+    """``upgrade.md``: the runs, what moved (by suite, with each metric's verdict), the paired latency of the new
+    version over the old one, and each profile's fate on both versions."""
+    old, new = data["from"], data["to"]
+    verdict = "❌ regressions" if data["regressions"] else "✅ no regressions"
+    lines = [f"## vramgate upgrade: vLLM {old} -> {new} ({data['tier']} tier): {verdict}", ""]
+    lines += [_env_line(run) for run in data["runs"]]
+    for run in data["runs"]:
+        for test in run.get("failed") or []:
+            lines.append(f"  - failed under {run['label']}: `{test}`")
+    lines += ["", "### What the upgrade moves", "",
+              "Each metric of the new version's run against the old one's, by the metric's own rule (the old "
+              "version plays the baseline); unchanged metrics are counted, not listed.", "",
+              data["comparison_markdown"].rstrip(), ""]
+    paired = data.get("paired") or {}
+    if paired.get("rows"):
+        lines += ["### Latency, paired (new / old, both engines up, taking turns)", "",
+                  "| test | metric | median ratio | rounds (min - max) | tolerance | verdict |",
+                  "|---|---|---|---|---|---|"]
+        for row in paired["rows"]:
+            spread = (f"{row['rounds']} ({format_value(row['low'], 'ratio')} - {format_value(row['high'], 'ratio')})"
+                      if row["rounds"] else "-")
+            tol = f"{row['tolerance']:.1%}" if row.get("tolerance") is not None else "-"
+            median = format_value(row["median"], "ratio") if row["median"] is not None else "-"
+            lines.append(f"| `{row['test']}` | {row['metric']} | {median} | {spread} | {tol} | "
+                         f"{'❌ slower' if row['failed'] else 'ok'} |")
+        lines.append("")
+    if data.get("profiles"):
+        lines += ["### Profiles", "", f"| profile | target | on vLLM {old} | on vLLM {new} |", "|---|---|---|---|"]
+        for row in data["profiles"]:
+            lines.append(f"| {row['profile']} | `{row['target']}` | {_profile_cell(row['old'])} | "
+                         f"{_profile_cell(row['new'])} |")
+        lines += ["", "A proposal is git's three-way rebase of the profile onto the other version, for review: it "
+                      "is never applied."]
+    return "\n".join(lines) + "\n"
