@@ -77,12 +77,14 @@ def test_simulator_adapter_covers_both_supported_versions() -> None:
 
 
 def test_engine_python_is_recorded_in_the_provenance(pytester: pytest.Pytester, env031: Path) -> None:
+    pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_kv=TEST_FILE)
     before = os.environ.get(engine_env.ENGINE_PYTHON_VAR)
-    result = pytester.runpytest(*HW, "--gate-engine-python", str(env031), "--gate-update")
+    result = pytester.runpytest(*HW, f"--gate-engine-python={env031}", "--gate-update")
     result.assert_outcomes(passed=1)
     assert os.environ.get(engine_env.ENGINE_PYTHON_VAR) == before, "the option leaked out of its session"
-    data = json.loads((pytester.path / "baselines" / "cpu" / "kv.json").read_text())
+    (path,) = (pytester.path / "baselines" / "cpu").glob("*.json")
+    data = json.loads(path.read_text())
     software = data["tests"]["test_kv.py::test_kv"]["recorded"]["software"]
     assert software["vllm"] == "0.31.0" and software["engine_python"] == str(env031)
 
@@ -97,8 +99,9 @@ def test_engine_python_without_vllm_is_a_usage_error(pytester: pytest.Pytester, 
 @pytest.fixture
 def recorded_031(pytester: pytest.Pytester, env031: Path) -> pytest.Pytester:
     """A baseline recorded under vLLM 0.31.0 (the stand-in environment)."""
+    pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_kv=TEST_FILE)
-    pytester.runpytest(*HW, "--gate-engine-python", str(env031), "--gate-update").assert_outcomes(passed=1)
+    pytester.runpytest(*HW, f"--gate-engine-python={env031}", "--gate-update").assert_outcomes(passed=1)
     return pytester
 
 
@@ -106,14 +109,14 @@ def test_a_vllm_mismatch_fails_in_ci(recorded_031: pytest.Pytester, env031: Path
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     env032 = fake_vllm_env(tmp_path / "env032", "0.32.0")
     monkeypatch.setenv("CI", "true")
-    result = recorded_031.runpytest(*HW, "--gate-engine-python", str(env032))
+    result = recorded_031.runpytest(*HW, f"--gate-engine-python={env032}")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*VERSION MISMATCH with baseline: vllm: baseline 0.31.0, now 0.32.0*"])
     assert "in CI this fails the run unless it is an upgrade run" in result.stdout.str()
-    upgrade_run = recorded_031.runpytest(*HW, "--gate-engine-python", str(env032), "--gate-upgrade-from", str(env031))
+    upgrade_run = recorded_031.runpytest(*HW, f"--gate-engine-python={env032}", f"--gate-upgrade-from={env031}")
     assert upgrade_run.ret == pytest.ExitCode.OK
     monkeypatch.delenv("CI")
-    assert recorded_031.runpytest(*HW, "--gate-engine-python", str(env032)).ret == pytest.ExitCode.OK
+    assert recorded_031.runpytest(*HW, f"--gate-engine-python={env032}").ret == pytest.ExitCode.OK
 
 
 # -- the upgrade command's parts -------------------------------------------------------------------------------

@@ -126,11 +126,13 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
     side.folder.mkdir(parents=True, exist_ok=True)
     empty = side.folder / "baselines"
     empty.mkdir(exist_ok=True)
-    cmd = [side.env.python, "-m", "pytest", *args, "-p", "no:cacheprovider", "-q",
-           "--gate-baselines", str(empty), "--gate-missing", "skip", "--gate-report", str(side.folder),
-           "--junitxml", str(side.folder / "junit.xml")]
+    # Paths as --option=VALUE: pytest takes a separate argument that names an existing path for a test path
+    # when it decides the root folder.
+    cmd = [side.env.python, "-m", "pytest", *args, "-p", "no:cacheprovider", "-q", f"--rootdir={root}",
+           f"--gate-baselines={empty}", "--gate-missing=skip", f"--gate-report={side.folder}",
+           f"--junitxml={side.folder / 'junit.xml'}"]
     if upgrade_from is not None:
-        cmd += ["--gate-upgrade-from", upgrade_from.python]
+        cmd.append(f"--gate-upgrade-from={upgrade_from.python}")
     if workers > 1:
         cmd += ["-n", str(workers)]
     env = dict(os.environ)
