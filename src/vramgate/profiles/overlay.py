@@ -21,9 +21,9 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
-from vramgate.profiles.diff import PatchError, check_path, git_apply, parse_diff
+from vramgate.profiles.diff import HunkFailure, HunkOffset, PatchError, check_path, git_apply, parse_diff
 from vramgate.profiles.manifest import SAME_SOURCE, Profile
 
 
@@ -43,17 +43,27 @@ def installed_target(profile: Profile) -> tuple[str, str, Path]:
     raise PatchError(f"{profile.name}: the target {profile.distribution} ({names}) is not installed")
 
 
-def patched_files(profile: Profile, package_dir: Path, version: str,
-                  notes: list[str] | None = None) -> dict[str, str]:
+def target_covers(profile: Profile, version: str) -> bool:
+    """Whether *version* of the target is inside the profile's version specifier; :class:`PatchError` when
+    *version* is not a version."""
+    try:
+        return Version(version) in SpecifierSet(profile.version)
+    except InvalidVersion:
+        raise PatchError(f"{profile.name}: {version!r} is not a version of {profile.distribution}") from None
+
+
+def patched_files(profile: Profile, package_dir: Path, version: str, notes: list[str] | None = None, *,
+                  any_version: bool = False, offsets: list[HunkOffset] | None = None) -> dict[str, str]:
     """Every file the profile's series touches, with its patched text; nothing in the package is written.
 
     Note [diffs as git applies them]: each diff is first checked here (parseable, paths inside the target
     package, files present or new), then applied by ``git apply`` to copies of the touched files in a
     temporary folder: a hunk whose context moved (a fork of the release with lines added above it) applies
-    at its offset, which goes into *notes*; a hunk whose context changed is refused (no fuzz). The installed
-    package is only read.
+    at its offset, which goes into *notes* (and *offsets*); a hunk whose context changed is refused (no fuzz).
+    The installed package is only read. *version* outside the profile's specifier is refused unless
+    *any_version* (what the profile would do on another release: :mod:`vramgate.profiles.applicability`).
     """
-    if Version(version) not in SpecifierSet(profile.version):
+    if not any_version and not target_covers(profile, version):
         raise PatchError(f"{profile.name}: installed {profile.distribution} {version} is outside the profile's "
                          f"target {profile.version!r}")
     base = package_dir.parent
@@ -70,14 +80,18 @@ def patched_files(profile: Profile, package_dir: Path, version: str,
                     continue
                 if fp.new_file:
                     if (base / rel).exists():
-                        raise PatchError(f"{where}: {rel} is created by the diff but already exists")
+                        message = f"{where}: {rel} is created by the diff but already exists"
+                        raise PatchError(message, (HunkFailure(where, rel, 0, "", message),))
                 elif not (base / rel).is_file():
-                    raise PatchError(f"{where}: {rel} does not exist in the installed package")
+                    message = f"{where}: {rel} does not exist in the installed package"
+                    raise PatchError(message, (HunkFailure(where, rel, 0, "", message),))
                 else:
                     (work / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(base / rel, work / rel)
                 touched.add(rel)
-            git_apply(diff, work, fps, where, notes)
+            moved = git_apply(diff, work, fps, where, notes)
+            if offsets is not None:
+                offsets.extend(moved)
         return {rel: (work / rel).read_text(encoding="utf-8") for rel in sorted(touched)}
 
 

