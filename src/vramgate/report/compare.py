@@ -248,7 +248,8 @@ def _facts(data: Any, source: str, label: str, from_file: bool) -> RunFacts:
     _require(isinstance(software, dict), source, "software: must be an object")
     _require(isinstance(data.get("tests"), list), source, "tests: must be a list")
     failing = tuple(t["nodeid"] for t in data["tests"] if isinstance(t, dict) and t.get("test_passed") is False)
-    return RunFacts(label, source if from_file else "", hw["key"], str(hw.get("tier", "?")), {k: str(v) for k, v in software.items()},
+    versions = {k: str(v) for k, v in software.items()}
+    return RunFacts(label, source if from_file else "", hw["key"], str(hw.get("tier", "?")), versions,
                     len(data["tests"]), failing)
 
 
@@ -302,7 +303,8 @@ def compare_reports(old: dict[str, Any], new: dict[str, Any], *, labels: tuple[s
     """Compare two runs' report data (``report.json`` as loaded): *old* plays the baseline of *new*.
 
     *labels* head the two value columns (``"vLLM 0.31.0"``); *sources* name where each came from in the header
-    and in errors (errors name the labels without them). :class:`~vramgate.report.data.ReportError` for data that is not a report.
+    and in errors (errors name the labels without them). :class:`~vramgate.report.data.ReportError` for data
+    that is not a report.
     """
     names = sources or labels
     result = Comparison(_facts(old, names[0], labels[0], sources is not None),
