@@ -1,4 +1,4 @@
-"""Reports rendered from plain data: the terminal table, report.md, report.json, changes.png.
+"""Reports rendered from plain data: the terminal table, report.md, report.json, changes.png; two runs compared.
 
 Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.summary.Summary` over.
 """
@@ -7,6 +7,14 @@ from typing import TYPE_CHECKING
 
 from vramgate._moved import forwarding
 from vramgate.report.chart import plot_changes
+from vramgate.report.compare import (
+    ComparedMetric,
+    Comparison,
+    RunFacts,
+    compare_report_files,
+    compare_reports,
+    load_report,
+)
 from vramgate.report.data import (
     ReportError,
     junit_properties,
@@ -32,10 +40,11 @@ from vramgate.report.table import Row, aligned, plan_lines, rows_of, text_table
 from vramgate.report.terminal import failure_message, terminal_summary
 
 __all__ = [
-    "ACCEPTABLE", "VERDICT_ORDER", "CheckedMetric", "Hardware", "NodeSummary", "ReportError", "Row", "Summary",
-    "accept_command", "aligned", "failure_message", "junit_properties", "markdown", "merge_report_files",
-    "merge_reports", "plan_lines", "plot_changes", "pytest_command", "report_data", "rows_of", "terminal_summary",
-    "text_table", "verdict_rank", "write_report", "write_report_data",
+    "ACCEPTABLE", "VERDICT_ORDER", "CheckedMetric", "ComparedMetric", "Comparison", "Hardware", "NodeSummary",
+    "ReportError", "Row", "RunFacts", "Summary", "accept_command", "aligned", "compare_report_files", "compare_reports",
+    "failure_message", "junit_properties", "load_report", "markdown", "merge_report_files", "merge_reports",
+    "plan_lines", "plot_changes", "pytest_command", "report_data", "rows_of", "terminal_summary", "text_table",
+    "verdict_rank", "write_report", "write_report_data",
 ]
 
 if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)

@@ -1,4 +1,4 @@
-"""``vramgate report merge``: gate reports."""
+"""``vramgate report merge`` and ``vramgate report compare``: gate reports."""
 
 from __future__ import annotations
 
@@ -9,13 +9,21 @@ from vramgate.tools.commands.common import Subparsers
 
 
 def register(sub: Subparsers) -> None:
-    """Add the ``report`` command group: ``merge``."""
+    """Add the ``report`` command group: ``merge``, ``compare``."""
     rep = sub.add_parser("report", help="gate reports")
     rep_sub = rep.add_subparsers(dest="report_command", required=True)
     merge = rep_sub.add_parser("merge", help="merge the report.json of several shards into one report")
     merge.add_argument("reports", nargs="+", help="report.json files (or folders holding one)")
     merge.add_argument("--out", required=True, help="folder for the merged report.md, report.json, changes.png")
     merge.set_defaults(func=run_merge)
+    compare = rep_sub.add_parser(
+        "compare", help="compare two runs' report.json metric by metric (the first plays the baseline)")
+    compare.add_argument("old", help="the first run's report.json (or a folder holding one)")
+    compare.add_argument("new", help="the second run's report.json (or a folder holding one)")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    compare.add_argument("--markdown", metavar="FILE", help="also write the comparison as markdown to FILE")
+    compare.add_argument("--all", action="store_true", help="list unchanged metrics too")
+    compare.set_defaults(func=run_compare)
 
 
 def run_merge(args: argparse.Namespace) -> int:
@@ -27,3 +35,20 @@ def run_merge(args: argparse.Namespace) -> int:
     failing = sum(1 for t in merged["tests"] if t["failed"])
     print(f"merged {len(paths)} report(s): {len(merged['tests'])} test(s), {failing} failing -> {args.out}")
     return 1 if failing else 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Compare two runs; exit 1 when a metric regressed, 0 otherwise (2 for bad input, from the caller)."""
+    import json
+
+    from vramgate.report import compare_report_files
+    from vramgate.store.files import atomic_write_text
+
+    result = compare_report_files(Path(args.old), Path(args.new))
+    if args.markdown:
+        atomic_write_text(Path(args.markdown), result.markdown(everything=args.all))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        print(result.text(everything=args.all), end="")
+    return 1 if result.regressions else 0
