@@ -174,19 +174,28 @@ def suite_args(suites: list[str], marks: str | None, keyword: str | None) -> lis
     return args
 
 
-def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.EngineEnv, out: Path) -> list[dict[str, Any]]:
-    """Each profile checked against the two versions' sources, with proposals written under *out*."""
-    from vramgate.profiles.applicability import check_applicability, write_proposal
+def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.EngineEnv,
+                   out: Path) -> list[dict[str, Any]]:
+    """Each profile checked against the two versions' sources (only read); where one does not apply as is, git's
+    three-way rebase from the version the profile targets is proposed, written under *out*/profiles/<label>."""
+    from vramgate.profiles import check_applicability, target_covers, write_proposal
 
+    envs = {"old": old, "new": new}
     rows: list[dict[str, Any]] = []
     for profile in load_profiles(root):
         row: dict[str, Any] = {"profile": profile.name, "target": profile.version}
-        for label, env, other in (("old", old, new), ("new", new, old)):
+        for label, env in envs.items():
+            other = envs["new" if label == "old" else "old"]
+            base = other if target_covers(profile, str(other.vllm)) else None
             result = check_applicability(profile, Path(str(env.vllm_package)), str(env.vllm),
-                                         base_dir=Path(str(other.vllm_package)))
-            row[label] = result.to_json()
+                                         base_dir=Path(str(base.vllm_package)) if base else None,
+                                         base_version=str(base.vllm) if base else "")
+            check: dict[str, Any] = {"status": result.status, "in_target": result.in_target,
+                                     "notes": result.summary().split("; ")[2:]}
             if result.proposal is not None:
-                row[label]["proposal_files"] = [str(p) for p in write_proposal(result, out / "profiles" / label)]
+                check["proposal_files"] = [str(p.relative_to(out)) for p in
+                                           write_proposal(result, out / "profiles" / f"vllm-{env.vllm}")]
+            row[label] = check
         rows.append(row)
     return rows
 
