@@ -183,8 +183,10 @@ OTHER = os.environ.get("VRAMGATE_TEST_VLLM_FROM_PYTHON")
 
 @pytest.mark.skipif(not OTHER, reason="needs a second vLLM release's interpreter (VRAMGATE_TEST_VLLM_FROM_PYTHON)")
 def test_planted_block_in_one_environment_is_caught_by_the_upgrade(tmp_path: Path) -> None:
-    """0.31.0 -> 0.32.0 with one more KV block per request planted into the 0.32.0 environment: the upgrade
-    report shows the simulator's blocks under pressure regressing; without the plant it does not."""
+    """0.31.0 -> 0.32.0 with one more KV block per request planted into the 0.32.0 environment (the profile
+    calibrate-extra-kv-block's diff, applied to that environment's vLLM): the upgrade report shows the blocks eight
+    requests hold regressing by eight, and the test that checks them failing under the new version; without the
+    plant nothing regresses."""
     pytest.importorskip("vllm")
     from vramgate.profiles import load_profile
 
@@ -197,12 +199,13 @@ def test_planted_block_in_one_environment_is_caught_by_the_upgrade(tmp_path: Pat
     runs = {}
     for name, python in (("clean", sys.executable), ("planted", str(planted))):
         runs[name] = up.upgrade(ROOT, str(old.vllm), str(new.vllm), out=tmp_path / name, old_python=old.python,
-                                new_python=python, install=False, suites=["suites/pressure/test_pressure.py"],
-                                marks=None, keyword="simulated", workers=1, paired=False)
-    clean = {r["metric"]: r for r in runs["clean"]["comparison"]["rows"]}
-    planted_rows = {r["metric"]: r for r in runs["planted"]["comparison"]["rows"]}
+                                new_python=python, install=False, suites=["suites/growth/test_growth.py"],
+                                marks=None, keyword="per_request_ceilings", workers=1, paired=False)
     assert runs["clean"]["regressions"] == 0, runs["clean"]["comparison_markdown"]
-    assert runs["planted"]["regressions"] >= 1, runs["planted"]["comparison_markdown"]
-    regressed = {m for m, r in planted_rows.items() if r["verdict"] == "regressed"}
-    assert regressed and regressed <= set(clean), planted_rows
+    assert all(r["verdict"] == "ok" and r["old"] == r["new"] for r in runs["clean"]["comparison"]["rows"])
+    rows = runs["planted"]["comparison"]["rows"]
+    assert {(r["metric"], r["verdict"], r["new"] - r["old"]) for r in rows} == {("peak_blocks", "regressed", 8)}
+    assert runs["planted"]["regressions"] == len(rows)
+    (_, new_run) = runs["planted"]["runs"]
+    assert new_run["outcomes"]["failed"] == len(rows) and all("per_request_ceilings" in t for t in new_run["failed"])
     assert "❌ regressions" in (tmp_path / "planted" / "upgrade.md").read_text()
