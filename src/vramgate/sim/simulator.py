@@ -153,7 +153,6 @@ def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
         get_request_block_hasher,
         init_none_hash,
         resolve_kv_cache_block_sizes,
@@ -164,6 +163,7 @@ def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
     from vllm.v1.metrics.stats import PrefixCacheStats
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from vramgate.models.vllm_compat import kv_cache_configs
     from vramgate.models.vllm_kv import layer_specs
     from vramgate.sim.vllm_compat import store_block_sizes
 
@@ -172,7 +172,7 @@ def _build_scheduler(cfg: Any, num_gpu_blocks: int) -> tuple[Any, Any, int]:
     cfg.cache_config.num_gpu_blocks_override = num_gpu_blocks
     page_bytes = sum(s.page_size_bytes for s in specs.values())
     try:
-        kv_cfgs = get_kv_cache_configs(cfg, [specs], [num_gpu_blocks * page_bytes])
+        kv_cfgs = kv_cache_configs(cfg, [specs], [num_gpu_blocks * page_bytes])
     except ValueError as exc:
         raise SimulationError(f"KV cache of {num_gpu_blocks} blocks cannot serve this model length: {exc}") from None
     for k in kv_cfgs:

@@ -1,4 +1,4 @@
-"""The simulator's one vLLM-version difference: how the scheduler's KV cache config learns its block sizes.
+"""The simulator's own vLLM-version difference: how the scheduler's KV cache config learns its block sizes.
 
 The simulator builds vLLM's scheduler as ``EngineCore`` does. After resolving
 the scheduler's and the prefix hash's block sizes
@@ -12,7 +12,8 @@ the scheduler's and the prefix hash's block sizes
   hash block size from the scheduler's arguments) and
   ``resolve_cache_hit_alignment_tokens`` does not exist.
 
-Everything else the simulator calls has the same signature in both.
+vLLM 0.33.0 does what 0.32.0 does here. Everything else the simulator calls has the same signature in all
+three, except where the KV cache configs come from (:mod:`vramgate.models.vllm_compat`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _store_block_sizes_031(kv_cfg: Any, cfg: Any, sched_bs: int, hash_bs: int) -
 #: vLLM version specifier -> how the scheduler's KV cache config gets its block sizes.
 STORE_BLOCK_SIZES: dict[str, Callable[[Any, Any, int, int], None]] = {
     "==0.31.*": _store_block_sizes_031,
-    "==0.32.*": _store_block_sizes_032,
+    ">=0.32,<0.34": _store_block_sizes_032,  # 0.33.0's EngineCore stores them the same way
 }
 
 
