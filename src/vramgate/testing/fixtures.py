@@ -155,4 +155,7 @@ def upgrade_from(request: pytest.FixtureRequest, vllm_env: Path) -> engine_env.E
     python = read_options(request.config).upgrade_from
     if python is None:
         pytest.skip("an upgrade run only: --gate-upgrade-from PY (vramgate upgrade sets it)")
-    return engine_env.probe(python).require_vllm()
+    old, new = engine_env.probe(python).require_vllm(), engine_env.current()
+    if old.vllm == new.vllm:
+        pytest.skip(f"not an upgrade: --gate-upgrade-from and the engine environment both hold vLLM {old.vllm}")
+    return old
