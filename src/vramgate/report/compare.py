@@ -156,11 +156,12 @@ class Comparison:
                    f"compared; {c['added']} added, {c['removed']} removed")
         return out
 
-    def by_suite(self, everything: bool = False) -> Iterator[tuple[str, list[ComparedMetric]]]:
-        """Every row (added and removed included) by suite, in suite order; within a suite regressions first,
-        then by :data:`ROW_ORDER`, test and metric. Unchanged rows only with *everything*."""
+    def by_suite(self, everything: bool = False,
+                 one_sided: bool = True) -> Iterator[tuple[str, list[ComparedMetric]]]:
+        """Every row (added and removed included, unless not *one_sided*) by suite, in suite order; within a suite
+        regressions first, then by :data:`ROW_ORDER`, test and metric. Unchanged rows only with *everything*."""
         groups: dict[str, list[ComparedMetric]] = {}
-        for r in (*self.rows, *self.added, *self.removed):
+        for r in (*self.rows, *self.added, *self.removed) if one_sided else self.rows:
             if everything or r.changed:
                 groups.setdefault(r.suite, []).append(r)
         for suite in sorted(groups):
@@ -188,19 +189,22 @@ class Comparison:
             out += ["", f"{hidden} unchanged metric(s) not listed (--all lists them)"]
         return "\n".join(out) + "\n"
 
-    def markdown(self, everything: bool = False) -> str:
-        """GitHub-flavoured markdown: the header, then one table per suite (as :meth:`text`)."""
+    def markdown(self, everything: bool = False, *, one_sided: bool = True, level: int = 2) -> str:
+        """GitHub-flavoured markdown: the header, then one table per suite (as :meth:`text`); without *one_sided*
+        the added and removed metrics are counted, not listed; *level* is the heading level of the title (the
+        suites' one more)."""
         def esc(text: str) -> str:
             return text.replace("|", "\\|")
 
         regressed = len(self.regressions)
         status = f"❌ {regressed} regression(s)" if regressed else "✅ no regression"
         head, *facts = self.header_lines()
-        out = [f"## {head}: {status}", ""]
+        out = [f"{'#' * level} {head}: {status}", ""]
         out += [f"> **{line[3:]}**" if line.startswith("!!") else f"- {esc(line)}" for line in facts]
         out.append("")
-        for suite, rows in self.by_suite(everything):
-            out += [f"### {suite}", "", "| " + " | ".join(map(esc, self._head())) + " |", "|---" * 7 + "|"]
+        for suite, rows in self.by_suite(everything, one_sided):
+            out += [f"{'#' * (level + 1)} {suite}", "", "| " + " | ".join(map(esc, self._head())) + " |",
+                    "|---" * 7 + "|"]
             for r in rows:
                 cells = list(self._cells(r, False))
                 cells[0] = f"`{cells[0]}`"

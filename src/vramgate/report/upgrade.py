@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramgate.core.metrics import format_value
+from vramgate.core.metrics import format_change, format_value
 
 #: How a profile's check reads in the report.
 STATUS_WORDS = {"applies": "applies as is", "offsets": "applies with offsets", "conflicts": "CONFLICTS",
@@ -34,6 +34,32 @@ def _profile_cell(check: dict[str, Any]) -> str:
     return words + (f": {detail}" if detail else "")
 
 
+def _headline(rows: list[dict[str, Any]], labels: tuple[str, str]) -> list[str]:
+    out = [f"| suite | test | metric | {labels[0]} | {labels[1]} | change | verdict |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["suite"], r["nodeid"], r["metric"])):
+        change = format_change(float(r["change"])) if r.get("change") is not None else "-"
+        old = format_value(r["old"], r["unit"]) if r["old"] is not None else "-"
+        new = format_value(r["new"], r["unit"]) if r["new"] is not None else "-"
+        out.append(f"| {r['suite']} | `{r['nodeid'].split('::', 1)[-1]}` | {r['metric']} | {old} | {new} | {change} | "
+                   f"{r['verdict']} |")
+    return out
+
+
+def _one_sided(tests: list[dict[str, Any]], here: str, there: str) -> list[str]:
+    if not tests:
+        return []
+    whys: dict[str, list[str]] = {}
+    for t in tests:
+        whys.setdefault(t["why"], []).append(t["test"])
+    out = [f"**Only under {here}** ({len(tests)} test(s), {sum(t['metrics'] for t in tests)} metric(s)); under "
+           f"{there}:", ""]
+    for why, names in sorted(whys.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(f"`{n.split('::', 1)[-1]}`" for n in names[:4]) + (" ..." if len(names) > 4 else "")
+        out.append(f"- {len(names)} skipped: {why} ({shown})" if why not in ("failed", "not collected")
+                   else f"- {len(names)} {why}: {shown}")
+    return [*out, ""]
+
+
 def upgrade_markdown(data: dict[str, Any]) -> str:
     """``upgrade.md``: the runs, what moved (by suite, with each metric's verdict), the paired latency of the new
     version over the old one, and each profile's fate on both versions."""
@@ -44,10 +70,16 @@ def upgrade_markdown(data: dict[str, Any]) -> str:
     for run in data["runs"]:
         for test in run.get("failed") or []:
             lines.append(f"  - failed under {run['label']}: `{test}`")
+    labels = (f"vLLM {old}", f"vLLM {new}")
+    if data.get("headline"):
+        suites = sorted({r["suite"] for r in data["headline"]})
+        lines += ["", f"### Side by side ({', '.join(suites)})", "", *_headline(data["headline"], labels)]
     lines += ["", "### What the upgrade moves", "",
               "Each metric of the new version's run against the old one's, by the metric's own rule (the old "
               "version plays the baseline); unchanged metrics are counted, not listed.", "",
               data["comparison_markdown"].rstrip(), ""]
+    lines += _one_sided(data.get("only_new") or [], labels[1], labels[0])
+    lines += _one_sided(data.get("only_old") or [], labels[0], labels[1])
     paired = data.get("paired") or {}
     if paired.get("rows"):
         lines += ["### Latency, paired (new / old, both engines up, taking turns)", "",

@@ -36,6 +36,9 @@ ENGINES_DIR = Path(".vramgate") / "engines"
 DEFAULT_MARKS = "not gate_nightly"
 #: The paired latency test of an upgrade run.
 PAIRED_TEST = "suites/latency/test_upgrade_latency.py"
+#: The suites whose figures the report shows side by side, changed or not: KV pages and capacity, weights and the
+#: engine's blocks per model (capacity); the scheduler's figures under KV pressure (block_manager).
+HEADLINE = ("capacity", "block_manager")
 #: Seconds one side's run may take.
 SIDE_TIMEOUT_S = 3600.0
 
@@ -56,6 +59,8 @@ class SideRun:
     seconds: float = 0.0
     outcomes: dict[str, int] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Each skipped test's reason, by node id."""
 
     @property
     def report(self) -> Path:
@@ -65,7 +70,8 @@ class SideRun:
     def to_json(self) -> dict[str, Any]:
         """This run as JSON data."""
         return {"label": self.label, "env": self.env.to_json(), "folder": str(self.folder), "status": self.status,
-                "seconds": round(self.seconds, 1), "outcomes": self.outcomes, "failed": self.failed}
+                "seconds": round(self.seconds, 1), "outcomes": self.outcomes, "failed": self.failed,
+                "skipped": self.skipped}
 
 
 def engine_folder(root: Path, tier: str, version: str) -> Path:
@@ -98,25 +104,28 @@ def resolve_env(root: Path, tier: str, version: str, python: str | None, *, inst
     return env
 
 
-def junit_outcomes(path: Path) -> tuple[dict[str, int], list[str]]:
-    """(counts of passed/failed/skipped/error tests, the failed tests' ids) from a JUnit XML file."""
+def junit_outcomes(path: Path) -> tuple[dict[str, int], list[str], dict[str, str]]:
+    """(counts of passed/failed/skipped/error tests, the failed tests' ids, each skipped test's reason) from a
+    JUnit XML file (all empty when it cannot be read)."""
     counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     failed: list[str] = []
+    skipped: dict[str, str] = {}
     try:
         tree = ElementTree.parse(path)
     except (OSError, ElementTree.ParseError):
-        return counts, failed
+        return counts, failed, skipped
     for case in tree.iter("testcase"):
         name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name', '')}"
-        kinds = {child.tag for child in case}
+        kinds = {child.tag: child for child in case}
         if "failure" in kinds or "error" in kinds:
             counts["failed" if "failure" in kinds else "error"] += 1
             failed.append(name)
         elif "skipped" in kinds:
             counts["skipped"] += 1
+            skipped[name] = str(kinds["skipped"].get("message", "")).removeprefix("Skipped: ")
         else:
             counts["passed"] += 1
-    return counts, failed
+    return counts, failed, skipped
 
 
 def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine_env.EngineEnv | None,
@@ -146,7 +155,7 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
     status = process.wait_or_kill(proc, SIDE_TIMEOUT_S)
     side.seconds = time.monotonic() - start
     side.status = -1 if status is None else status
-    side.outcomes, side.failed = junit_outcomes(side.folder / "junit.xml")
+    side.outcomes, side.failed, side.skipped = junit_outcomes(side.folder / "junit.xml")
     if not side.report.is_file():
         how = process.describe_exit(side.status) if status is not None else f"ran past {SIDE_TIMEOUT_S:g} s"
         raise UpgradeError(f"{side.label}: the run {how} and wrote no report --- log tail ({log}) ---\n"
@@ -209,15 +218,26 @@ def paired_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             samples = [float(v) for v in now.get("samples") or []]
             rows.append({"test": test.get("nodeid"), "metric": metric.get("name"), "median": now.get("value"),
                          "low": min(samples) if samples else None, "high": max(samples) if samples else None,
-                         "rounds": len(samples), "tolerance": (now.get("paired") or {}).get("tolerance"),
+                         "rounds": len(samples), "tolerance": now.get("tolerance"),
                          "failed": bool(metric.get("failed")), "message": test.get("message")})
     return rows
+
+
+def one_sided(rows: list[dict[str, Any]], other: SideRun) -> list[dict[str, Any]]:
+    """The tests whose metrics only one side has (*rows*: the comparison's added or removed rows), each with its
+    metric count and why the *other* side has none (its skip reason, a failure, or not collected)."""
+    tests: dict[str, int] = {}
+    for row in rows:
+        tests[row["nodeid"]] = tests.get(row["nodeid"], 0) + 1
+    return [{"test": test, "metrics": count,
+             "why": other.skipped.get(test) or ("failed" if test in other.failed else "not collected")}
+            for test, count in sorted(tests.items())]
 
 
 def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: str = "cpu",
             old_python: str | None = None, new_python: str | None = None, install: bool = True,
             suites: list[str] | None = None, marks: str | None = DEFAULT_MARKS, keyword: str | None = None,
-            workers: int = 2, paired: bool = True) -> dict[str, Any]:
+            workers: int = 2, paired: bool = True, headline: tuple[str, ...] = HEADLINE) -> dict[str, Any]:
     """Run the upgrade *old_version* -> *new_version* (Note [upgrade run]) with its files under *out*; the
     upgrade's data (what ``upgrade.json`` holds). :class:`UpgradeError` when it cannot run."""
     from vramgate.report.compare import compare_reports
@@ -243,7 +263,10 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
     data = {
         "schema": 1, "from": old_version, "to": new_version, "tier": tier,
         "runs": [old.to_json(), new.to_json()], "comparison": comparison.to_json(),
-        "comparison_markdown": comparison.markdown(), "paired": latency, "profiles": profiles,
+        "comparison_markdown": comparison.markdown(one_sided=False, level=4), "paired": latency,
+        "profiles": profiles, "headline": [r.to_json() for r in comparison.rows if r.suite in headline],
+        "only_new": one_sided([r.to_json() for r in comparison.added], old),
+        "only_old": one_sided([r.to_json() for r in comparison.removed], new),
         "regressions": len(comparison.regressions) + sum(r["failed"] for r in latency.get("rows", [])),
         "seconds": round(time.monotonic() - start, 1),
     }
