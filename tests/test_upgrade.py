@@ -57,6 +57,18 @@ def test_the_gate_interpreter_is_probed_in_process() -> None:
     assert env.is_gate_interpreter and env.python == sys.executable
 
 
+def test_same_interpreter(tmp_path: Path, env031: Path) -> None:
+    from vramgate.machine.software import same_interpreter
+
+    assert same_interpreter(str(env031), str(env031.parent / "python3"))  # two names, one file, one folder
+    other = fake_vllm_env(tmp_path / "other", "0.31.0")
+    assert not same_interpreter(str(env031), str(other))  # two environments on one base interpreter
+    (tmp_path / "bin").mkdir()
+    for name in ("python3", "python3.99"):
+        (tmp_path / "bin" / name).write_text(name)
+    assert not same_interpreter(str(tmp_path / "bin" / "python3"), str(tmp_path / "bin" / "python3.99"))
+
+
 def test_version_tables_pick_one_entry() -> None:
     table = {"==0.31.*": "old", "==0.32.*": "new"}
     assert pick(table, "0.31.0", "x") == "old"

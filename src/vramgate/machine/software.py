@@ -107,6 +107,28 @@ _PROBE = ("from __future__ import annotations\nimport json, sys\nfrom typing imp
           + textwrap.dedent(inspect.getsource(installed)) + "print(json.dumps(installed()))\n")
 
 
+def same_interpreter(a: str, b: str) -> bool:
+    """Whether two interpreter paths are one interpreter with one set of installed packages: the same path, or
+    two names in one folder for the same file (a virtual environment's ``python`` and ``python3``). Paths are not
+    resolved across folders: every virtual environment's ``python`` links to the same base interpreter."""
+    pa, pb = Path(a).absolute(), Path(b).absolute()
+    return pa == pb or (pa.parent == pb.parent and pa.resolve() == pb.resolve())
+
+
+def distribution_version(dist: str, python: str | None = None) -> str | None:
+    """The version of distribution *dist* installed for *python* (default: this interpreter; another one is asked
+    in a child, from its metadata), None when it is not installed or *python* does not answer."""
+    if python is None or same_interpreter(python, sys.executable):
+        return _dist_version(dist)
+    script = ("import sys\nfrom importlib import metadata as m\n"
+              f"try: print(m.version({dist!r}))\nexcept m.PackageNotFoundError: sys.exit(3)")
+    try:
+        out = subprocess.run([python, "-E", "-c", script], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 def interpreter_facts(python: str | Path, timeout: float = 60.0) -> dict[str, Any]:
     """:func:`installed` as the interpreter *python* (a path, or a command on ``PATH``) has it, asked in a child
     that imports neither vLLM nor torch and ignores ``PYTHONPATH`` (``-E``: the install as the interpreter has it,
@@ -116,7 +138,7 @@ def interpreter_facts(python: str | Path, timeout: float = 60.0) -> dict[str, An
     if found is None or not Path(found).is_file():
         raise VllmInstallError(f"{python}: no such interpreter")
     exe = Path(found).absolute()  # not resolved: a virtual environment's python is a link to its base
-    if exe == Path(sys.executable).absolute():
+    if same_interpreter(str(exe), sys.executable):
         return installed()
     if not os.access(exe, os.X_OK):
         raise VllmInstallError(f"{exe}: not executable")

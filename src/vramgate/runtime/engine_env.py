@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vramgate.machine.software import VllmInstallError, interpreter_facts
+from vramgate.machine.software import VllmInstallError, interpreter_facts, same_interpreter
 
 #: The variable naming the engine environment's interpreter (unset: the one running the gate).
 ENGINE_PYTHON_VAR = "VRAMGATE_ENGINE_PYTHON"
@@ -79,13 +79,6 @@ class EngineEnv:
         return {"python": self.python, "python_version": self.python_version, "vllm": self.vllm,
                 "vllm_distribution": self.vllm_distribution, "vllm_package": self.vllm_package,
                 "torch": self.torch}
-
-
-def same_interpreter(a: str, b: str) -> bool:
-    """Whether two interpreter paths are one interpreter (a virtual environment's ``python`` is a link to its
-    base interpreter, so paths are compared as given, not resolved, and then by their environment folder)."""
-    pa, pb = Path(a).absolute(), Path(b).absolute()
-    return pa == pb or (pa.parent == pb.parent and pa.name.startswith("python") and pb.name.startswith("python"))
 
 
 def engine_python() -> str:

@@ -33,14 +33,13 @@ import os
 import socket
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from vramgate import TORCH_CPU_VERSION as TORCH_CPU
 from vramgate import VLLM_VERSION
-from vramgate.runtime.engine_env import same_interpreter
+from vramgate.machine.software import distribution_version, same_interpreter
 
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 CPU_INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
@@ -52,15 +51,7 @@ ENGINE_ENV_TOOLS = ("pytest>=8", "pytest-xdist>=3")
 
 def version(dist: str, python: str | None = None) -> str | None:
     """The version of distribution *dist* installed for *python* (default: this interpreter), None when absent."""
-    if python is None or same_interpreter(python, sys.executable):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-    out = subprocess.run([python, "-I", "-c", "import sys; from importlib import metadata as m\n"
-                          f"try: print(m.version({dist!r}))\nexcept m.PackageNotFoundError: sys.exit(3)"],
-                         capture_output=True, text=True)
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return distribution_version(dist, python)
 
 
 def pip(*args: str, python: str | None = None) -> int:
