@@ -178,6 +178,8 @@ def test_upgrade_markdown_lists_runs_moves_latency_and_profiles() -> None:
         "only_new": [{"test": "suites/q.py::test_q[quant-awq]", "metrics": 3, "why": "profile quant-awq targets x"},
                      {"test": "suites/q.py::test_r", "metrics": 1, "why": "not collected"}],
         "only_old": [],
+        "unpaired_timings": [{"nodeid": "suites/latency/test_latency.py::test_engine_latency[m]", "metric": "ttft",
+                              "change": 1.13}],
         "paired": {"rows": [{"test": "t[tiny-llama]", "metric": "upgrade_step_ratio", "median": 1.2, "low": 1.1,
                              "high": 1.3, "rounds": 10, "tolerance": 0.075, "failed": True, "message": None}]},
         "profiles": [{"profile": "p", "target": "==0.32.0",
@@ -194,6 +196,8 @@ def test_upgrade_markdown_lists_runs_moves_latency_and_profiles() -> None:
     assert "**Only under vLLM 0.32.0** (2 test(s), 4 metric(s)); under vLLM 0.31.0:" in md
     assert "- 1 skipped: profile quant-awq targets x (`test_q[quant-awq]`)" in md
     assert "- 1 not collected: `test_r`" in md
+    assert ("Not counted as the upgrade's regressions: 1 timing(s) of the two separate runs "
+            "(`test_engine_latency[m]` ttft (+113.00%))") in md
     assert ("| `t[tiny-llama]` | upgrade_step_ratio | 1.2 (120.00%) | 10 (1.1 (110.00%) - 1.3 (130.00%)) | 7.5% "
             "| ❌ slower |") in md
     assert ("| p | `==0.32.0` | CONFLICTS (outside its target): x.py hunk 1: context differs; proposal: "

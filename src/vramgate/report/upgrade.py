@@ -78,6 +78,13 @@ def upgrade_markdown(data: dict[str, Any]) -> str:
               "Each metric of the new version's run against the old one's, by the metric's own rule (the old "
               "version plays the baseline); unchanged metrics are counted, not listed.", "",
               data["comparison_markdown"].rstrip(), ""]
+    timings = data.get("unpaired_timings") or []
+    if timings:
+        named = ", ".join(f"`{r['nodeid'].split('::', 1)[-1]}` {r['metric']} ({format_change(float(r['change']))})"
+                          for r in timings)
+        lines += [f"Not counted as the upgrade's regressions: {len(timings)} timing(s) of the two separate runs "
+                  f"({named}); two runs on shared cores, with different tests beside them, differ by their load. "
+                  "The paired latency below judges the upgrade's speed.", ""]
     lines += _one_sided(data.get("only_new") or [], labels[1], labels[0])
     lines += _one_sided(data.get("only_old") or [], labels[0], labels[1])
     paired = data.get("paired") or {}

@@ -13,6 +13,12 @@ three-way rebase proposed where one does not apply as is. The result is a
 folder: each side's report and log, the paired run's, the proposals, and
 ``upgrade.md`` / ``upgrade.json``.
 
+Note [upgrade timings]: the two suite runs are separate processes on shared cores, and their test sets differ
+(a profile's tests run only under the release it targets), so a timing of one run against the other's says as
+much about what ran beside it as about vLLM: one such run measured tiny-deepseek-v2's TTFT at 104 ms and 222 ms
+while the paired step ratio of the same pair was 0.96. The report shows those measured metrics with their own
+verdicts, but only exact metrics and the paired latency count as the upgrade's regressions.
+
 An engine environment is named by its interpreter, or made on demand under
 ``.vramgate/engines/vllm-<tier>-<version>`` (:func:`vramgate.tools.install.install`).
 """
@@ -267,7 +273,10 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
         "profiles": profiles, "headline": [r.to_json() for r in comparison.rows if r.suite in headline],
         "only_new": one_sided([r.to_json() for r in comparison.added], old),
         "only_old": one_sided([r.to_json() for r in comparison.removed], new),
-        "regressions": len(comparison.regressions) + sum(r["failed"] for r in latency.get("rows", [])),
+        # Note [upgrade timings]: measured metrics (timings) of the two separate runs are shown, not gating.
+        "regressions": (sum(r.kind != "measured" for r in comparison.regressions)
+                        + sum(r["failed"] for r in latency.get("rows", []))),
+        "unpaired_timings": [r.to_json() for r in comparison.regressions if r.kind == "measured"],
         "seconds": round(time.monotonic() - start, 1),
     }
     from vramgate.report.upgrade import upgrade_markdown
