@@ -15,6 +15,7 @@ from vramgate.tools.commands import (
     engine,
     gpu_cleanup,
     hardware,
+    history,
     install_engine,
     patches,
     plan,
@@ -24,7 +25,8 @@ from vramgate.tools.commands import (
 )
 
 #: The command modules, in the order ``vramgate --help`` lists their commands.
-COMMANDS = (hardware, doctor, simulate, engine, patches, report, gpu_cleanup, calibrate, plan, install_engine, upgrade)
+COMMANDS = (hardware, doctor, simulate, engine, patches, report, history, gpu_cleanup, calibrate, plan, install_engine,
+            upgrade)
 
 
 def build_parser() -> argparse.ArgumentParser:
