@@ -249,3 +249,12 @@ def test_report_html_command(run: dict[str, Any], history: list[dict[str, Any]],
     (tmp_path / "report.json").write_text(json.dumps({"schema": 2}), encoding="utf-8")
     assert main(["report", "html", str(tmp_path)]) == 2
     assert "not a vramgate report.json (schema 1)" in capsys.readouterr().err
+
+
+def test_a_flat_history_is_said_not_drawn(run: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    for series in history:
+        for point in series["points"]:
+            point["value"] = series["points"][0]["value"]
+    page = html_page(run, history)
+    assert 'class="history"' not in page
+    assert "History: none of the 2 series of this suite moved." in page

@@ -135,8 +135,8 @@ def plot_changes(data: dict[str, Any], path: Path) -> list[Bar] | None:
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_xlabel("change vs baseline (%)")
         more = f"; {len(bars) - len(shown)} smaller change(s) not drawn" if len(bars) > len(shown) else ""
-        ax.set_title(f"vramgate: {len(bars)} changed or failing metric(s) (red: failing, green: improved){more}",
-                     fontsize=10)
+        ax.set_title(f"vramgate: {len(bars)} changed or failing metric(s) (red: failing, green: improved, "
+                     f"blue: changed){more}", fontsize=10)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100, format="png")

@@ -30,8 +30,10 @@ from vramgate.report.table import HEAD, Row, cells, sorted_rows
 #: The most bars of one suite's chart of changes, and the most lines of one suite's history chart.
 HTML_BARS = 40
 HISTORY_LINES = 8
-#: Suites whose table has more rows than this start folded (unless a metric of theirs fails).
+#: Suites whose table has more rows than this start folded (unless a metric of theirs fails); so do more claims
+#: than OPEN_CLAIMS.
 OPEN_ROWS = 30
+OPEN_CLAIMS = 8
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; color: #24292f;
@@ -148,17 +150,15 @@ def _claims(data: dict[str, Any]) -> list[str]:
         return []
     held = [c for c in claims if c["held"]]
     not_held = [c for c in claims if not c["held"]]
-    out = ['<h2 id="claims">Claims</h2>', f'<p class="note">{len(not_held)} not held, {len(held)} held</p>']
-    if not_held:
-        out += _claim_table(not_held)
-    if held:
-        out += [f"<details><summary>{len(held)} held claim(s)</summary>", *_claim_table(held), "</details>"]
-    return out
+    opened = " open" if len(claims) <= OPEN_CLAIMS else ""
+    return ['<h2 id="claims">Claims</h2>',
+            f"<details{opened}><summary>{len(not_held)} not held, {len(held)} held</summary>",
+            *_claim_table(not_held + held), "</details>"]
 
 
 def _claim_table(claims: list[dict[str, Any]]) -> list[str]:
     out = ["<table><tr><th>verdict</th><th>claim</th><th>evidence</th><th>test</th></tr>"]
-    for c in sorted(claims, key=lambda c: (c["test"], c["statement"])):
+    for c in sorted(claims, key=lambda c: (c["held"], c["test"], c["statement"])):
         verdict = '<span class="held">held</span>' if c["held"] else '<span class="not-held">not held</span>'
         source = f'<br><span class="note">{escape(c["source"])}</span>' if c.get("source") else ""
         test = c["test"].split("::", 1)[-1]
@@ -179,11 +179,13 @@ def _failing(data: dict[str, Any]) -> list[str]:
 
 
 def change_chart(suite: str, bars: list[Bar], limit: int = HTML_BARS) -> str:
-    """The SVG chart of one suite's changed and failing metrics (at most *limit* bars)."""
+    """The SVG chart of one suite's changed and failing metrics (at most *limit* bars; a note counts the others)."""
     shown = bars[:limit]
-    more = f"; {len(bars) - len(shown)} smaller not drawn" if len(bars) > len(shown) else ""
-    return bar_chart([b.label for b in shown], [b.change * 100 for b in shown], [b.color for b in shown],
-                     title=f"{suite}: change vs baseline (red failing, green improved, blue changed){more}")
+    chart = bar_chart([b.label for b in shown], [b.change * 100 for b in shown], [b.color for b in shown],
+                      title=f"{suite}: change vs baseline (red failing, green improved, blue changed)")
+    if len(bars) > len(shown):
+        chart += f'\n<p class="note">{len(bars) - len(shown)} smaller change(s) not drawn.</p>'
+    return chart
 
 
 def _relative(values: list[float]) -> list[float] | None:
@@ -193,7 +195,7 @@ def _relative(values: list[float]) -> list[float] | None:
 
 def history_chart(suite: str, series: list[dict[str, Any]], limit: int = HISTORY_LINES) -> str | None:
     """The SVG line chart of one suite's history: each series as its change since its first point (%), the
-    ones that moved most first (at most *limit* lines); None when no series has a non-zero point."""
+    ones that moved most first (at most *limit* lines; a note counts the others); None when no series moved."""
     points = sorted({(p["date"], p["commit"]) for s in series for p in s["points"]})
     if not points:
         return None
@@ -208,7 +210,7 @@ def history_chart(suite: str, series: list[dict[str, Any]], limit: int = HISTORY
         for p, r in zip(ordered, relative, strict=True):
             values[where[(p["date"], p["commit"])]] = r
         drawn.append((max(abs(r) for r in relative), s, values))
-    if not drawn:
+    if not drawn or all(d[0] == 0 for d in drawn):
         return None
     drawn.sort(key=lambda d: (-d[0], d[1]["test"], d[1]["metric"]))
     lines = []
@@ -218,10 +220,12 @@ def history_chart(suite: str, series: list[dict[str, Any]], limit: int = HISTORY
         name = (f"{short_label(s['test'].split('::', 1)[-1] + ' · ' + s['metric'], 64)}: "
                 f"{format_value(first, s['unit'])} → {format_value(last, s['unit'])}")
         lines.append(Line(name=name, values=values, color=PALETTE[n % len(PALETTE)]))
-    more = f"; {len(drawn) - limit} series that moved less not drawn" if len(drawn) > limit else ""
     span = f"{points[0][0][:10]} to {points[-1][0][:10]}"
-    return line_chart([commit[:7] for _, commit in points], lines,
-                      title=f"{suite}: history {span}, change since the first point (%){more}")
+    chart = line_chart([commit[:7] for _, commit in points], lines,
+                       title=f"{suite}: history {span}, change since the first point (%)")
+    if len(drawn) > limit:
+        chart += f'\n<p class="note">{len(drawn) - limit} series that moved less not drawn.</p>'
+    return chart
 
 
 def _row_class(row: Row, kind: str) -> str:
@@ -272,7 +276,8 @@ def html_page(data: dict[str, Any], history: list[dict[str, Any]] | None = None)
             out.append('<p class="note">No metric of this suite changed against its baseline.</p>')
         if suite in series_of:
             chart = history_chart(suite, series_of[suite])
-            out.append(chart or '<p class="note">No history point of this suite to draw.</p>')
+            out.append(chart or f'<p class="note">History: none of the {len(series_of[suite])} series of this '
+                       "suite moved.</p>")
         if suite_rows:
             opened = " open" if failing or len(suite_rows) <= OPEN_ROWS else ""
             out += [f"<details{opened}><summary>{len(suite_rows)} metric(s)</summary>",
