@@ -44,7 +44,7 @@ from vramgate.pytest_plugin.hygiene import (
     tree_leak,
 )
 from vramgate.report import data as report_data
-from vramgate.report.table import Row
+from vramgate.report.chart import Bar
 from vramgate.runtime import process
 from vramgate.store import files
 from vramgate.store.baselines import DirectoryStorage, NodeBaseline
@@ -318,13 +318,15 @@ def test_disk_full_while_drawing_the_plot(pytester: pytest.Pytester, monkeypatch
         pytest.skip("needs matplotlib (the report extra)")
     pytester.makepyfile(test_kv=TEST_KV)
     _report_run(pytester).assert_outcomes(passed=1)
+    monkeypatch.setenv("PAGE", "69632")  # a regression: changes.png draws changed metrics only
+    _report_run(pytester).assert_outcomes(failed=1)
     out = pytester.path / "out"
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert "changes.png" in before
     original = report_data.plot_changes
 
-    def plot_then_fail(rows: list[Row], path: Path) -> bool:
-        original(rows, path)
+    def plot_then_fail(data: dict[str, Any], path: Path) -> list[Bar] | None:
+        original(data, path)
         with open(path, "r+b") as f:
             f.truncate(64)  # what was on disk when the device filled up
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

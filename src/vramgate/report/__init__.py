@@ -1,4 +1,5 @@
-"""Reports rendered from plain data: the terminal table, report.md, report.json, changes.png; two runs compared.
+"""Reports rendered from plain data: the terminal table, report.md (with Mermaid charts), report.json, changes.png,
+the HTML page; two runs compared.
 
 Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.summary.Summary` over.
 """
@@ -6,7 +7,7 @@ Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.sum
 from typing import TYPE_CHECKING
 
 from vramgate._moved import forwarding
-from vramgate.report.chart import plot_changes
+from vramgate.report.chart import Bar, changed_bars, plot_changes
 from vramgate.report.compare import (
     ComparedMetric,
     Comparison,
@@ -24,7 +25,9 @@ from vramgate.report.data import (
     write_report,
     write_report_data,
 )
+from vramgate.report.html import check_history, html_page, load_history
 from vramgate.report.markdown import markdown
+from vramgate.report.mermaid import mermaid_section, xychart
 from vramgate.report.summary import (
     ACCEPTABLE,
     VERDICT_ORDER,
@@ -40,11 +43,13 @@ from vramgate.report.table import Row, aligned, plan_lines, rows_of, text_table
 from vramgate.report.terminal import failure_message, terminal_summary
 
 __all__ = [
-    "ACCEPTABLE", "VERDICT_ORDER", "CheckedMetric", "ComparedMetric", "Comparison", "Hardware", "NodeSummary",
-    "ReportError", "Row", "RunFacts", "Summary", "accept_command", "aligned", "compare_report_files", "compare_reports",
-    "failure_message", "junit_properties", "load_report", "markdown", "merge_report_files", "merge_reports",
+    "ACCEPTABLE", "VERDICT_ORDER", "Bar", "CheckedMetric", "ComparedMetric", "Comparison", "Hardware", "NodeSummary",
+    "ReportError", "Row", "RunFacts", "Summary", "accept_command", "aligned", "changed_bars", "check_history",
+    "compare_report_files", "compare_reports",
+    "failure_message", "html_page", "junit_properties", "load_history", "load_report", "markdown",
+    "merge_report_files", "merge_reports", "mermaid_section",
     "plan_lines", "plot_changes", "pytest_command", "report_data", "rows_of", "terminal_summary", "text_table",
-    "verdict_rank", "write_report", "write_report_data",
+    "verdict_rank", "write_report", "write_report_data", "xychart",
 ]
 
 if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)

@@ -1,47 +1,145 @@
-"""``changes.png``: a bar chart of the relative change of every compared metric.
+"""The metrics a picture shows (the changed and the failing ones, as :class:`Bar`) and ``changes.png``, their bar
+chart.
 
-matplotlib is imported only here and only when a report is written; without it the report says the plot was
-left out.
+Every picture of a run draws the same selection (:func:`changed_bars`): the Mermaid charts of ``report.md``
+(:mod:`vramgate.report.mermaid`), the SVG charts of the HTML page (:mod:`vramgate.report.html`) and
+``changes.png``. matplotlib is imported only here and only when ``changes.png`` is drawn; without it the report
+says the picture was left out.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from vramgate.report.summary import verdict_rank
 from vramgate.report.table import Row
 
+#: The colour of a bar by its :attr:`Bar.state`: failing red, improved green, otherwise changed blue.
+STATE_COLORS = {"failing": "#d62728", "improved": "#2ca02c", "changed": "#1f77b4"}
+#: The most bars ``changes.png`` draws (the largest changes; the title counts the others).
+PNG_BARS = 60
+#: The longest label a chart shows (longer ones are cut, with an ellipsis).
+LABEL_CHARS = 48
 
-def plot_changes(rows: list[Row], path: Path) -> bool:
-    """Bar chart (PNG) of the relative change of every compared metric into *path*; False without matplotlib."""
+
+@dataclass(frozen=True)
+class Bar:
+    """One changed or failing metric of a run, as a chart draws it."""
+
+    suite: str
+    test: str
+    """The test's node id."""
+    metric: str
+    change: float
+    """The relative change against the baseline (a finite fraction: 0.05 is +5%)."""
+    verdict: str
+    failed: bool
+
+    @property
+    def state(self) -> str:
+        """``failing``, ``improved`` or ``changed`` (the key of :data:`STATE_COLORS`)."""
+        if self.failed:
+            return "failing"
+        return "improved" if self.verdict.split(",")[0] == "improved" else "changed"
+
+    @property
+    def color(self) -> str:
+        """The bar's colour (:data:`STATE_COLORS`)."""
+        return STATE_COLORS[self.state]
+
+    @property
+    def label(self) -> str:
+        """The test id without its file and the metric, at most :data:`LABEL_CHARS` long: a long test id is cut
+        (the metric is kept whole)."""
+        test = self.test.split("::", 1)[-1]
+        return f"{short_label(test, max(LABEL_CHARS - len(self.metric) - 3, 12))} · {self.metric}"
+
+
+def short_label(text: str, limit: int = LABEL_CHARS) -> str:
+    """*text* cut to *limit* characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def metric_kinds(data: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """The kind (``exact``, ``measured``, ...) of every metric of report data, by (node id, metric)."""
+    return {(t["nodeid"], m["name"]): (m.get("now") or {}).get("kind", "")
+            for t in data["tests"] for m in t.get("metrics", [])}
+
+
+def is_changed(row: Row, kind: str) -> bool:
+    """Whether *row* belongs in a picture: it fails, or it has a finite change and either a verdict other than
+    ``ok`` or an exact figure that moved within its tolerance (a measured one judged ``ok`` moved within its
+    noise; the same rule as :attr:`vramgate.report.compare.ComparedMetric.changed`)."""
+    if row.failed:
+        return True
+    if row.change_value is None or not math.isfinite(row.change_value):
+        return False
+    return row.verdict.split(",")[0] != "ok" or (kind == "exact" and row.change_value != 0)
+
+
+def changed_bars(data: dict[str, Any]) -> list[Bar]:
+    """The changed and failing metrics of report data (``report.json``) that have a finite change, by suite,
+    then failing first, then the largest change first."""
+    kinds = metric_kinds(data)
+    bars = [
+        Bar(suite=t["suite"], test=r["test"], metric=r["metric"], change=float(r["change_value"]),
+            verdict=r["verdict"], failed=r["failed"])
+        for t in data["tests"] for r in t["rows"]
+        if r["change_value"] is not None and math.isfinite(r["change_value"])
+        and is_changed(Row(**r), kinds.get((r["test"], r["metric"]), ""))
+    ]
+    return sorted(bars, key=lambda b: (b.suite, not b.failed, verdict_rank(b.verdict), -abs(b.change), b.label))
+
+
+def failing_without_change(data: dict[str, Any]) -> list[Row]:
+    """The failing metrics no bar can show: no baseline to change from (missing, a broken ceiling) or an
+    infinite change."""
+    return [row for t in data["tests"] for row in (Row(**r) for r in t["rows"])
+            if row.failed and (row.change_value is None or not math.isfinite(row.change_value))]
+
+
+def by_suite(bars: list[Bar]) -> dict[str, list[Bar]]:
+    """*bars* grouped by suite, suites in name order, each suite's bars in their order."""
+    out: dict[str, list[Bar]] = {}
+    for bar in sorted(bars, key=lambda b: b.suite):
+        out.setdefault(bar.suite, []).append(bar)
+    return out
+
+
+def plot_changes(data: dict[str, Any], path: Path) -> list[Bar] | None:
+    """Bar chart (PNG) of the changed and failing metrics of report data into *path*; the bars drawn (the
+    largest :data:`PNG_BARS`), an empty list where nothing changed (no file is written), None without
+    matplotlib."""
+    bars = changed_bars(data)
+    if not bars:
+        return []
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
-    data = [r for r in rows if r.change_value is not None and math.isfinite(r.change_value)]
-    height = max(2.5, 0.25 * len(data) + 1.0)
-    fig, ax = plt.subplots(figsize=(9, height))
+        return None
+    shown = sorted(bars, key=lambda b: (not b.failed, -abs(b.change)))[:PNG_BARS]
+    shown.sort(key=lambda b: (b.suite, not b.failed, -abs(b.change), b.label))
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.3 * len(shown) + 1.4)))
     try:
-        if data:
-            labels = [f"{r.test.split('::', 1)[-1]} · {r.metric}" for r in data]
-            values = [r.change_value * 100 for r in data if r.change_value is not None]
-            colors = ["#d62728" if r.failed else ("#2ca02c" if r.verdict == "improved" else "#7f7f7f")
-                      for r in data]
-            ax.barh(range(len(data)), values, color=colors)
-            ax.set_yticks(range(len(data)))
-            ax.set_yticklabels(labels, fontsize=7)
-            ax.invert_yaxis()
-            ax.axvline(0, color="black", linewidth=0.8)
-        else:
-            ax.text(0.5, 0.5, "no metric was compared with a baseline", ha="center", va="center")
+        labels = [f"{b.suite} · {b.label}" for b in shown]
+        ax.barh(range(len(shown)), [b.change * 100 for b in shown], color=[b.color for b in shown])
+        ax.set_yticks(range(len(shown)))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(0, color="black", linewidth=0.8)
         ax.set_xlabel("change vs baseline (%)")
-        ax.set_title("vramgate: change of each metric (red: failing, green: improved)")
+        more = f"; {len(bars) - len(shown)} smaller change(s) not drawn" if len(bars) > len(shown) else ""
+        ax.set_title(f"vramgate: {len(bars)} changed or failing metric(s) (red: failing, green: improved, "
+                     f"blue: changed){more}", fontsize=10)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100, format="png")
     finally:
         plt.close(fig)
-    return True
+    return shown

@@ -14,7 +14,7 @@ from typing import Any
 
 from vramgate.core.checks import Finding
 from vramgate.report.chart import plot_changes
-from vramgate.report.markdown import data_rows, markdown
+from vramgate.report.markdown import markdown
 from vramgate.report.summary import Summary
 from vramgate.report.table import rows_of
 from vramgate.report.terminal import failure_message
@@ -133,7 +133,8 @@ def _merge_moved(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 
 def write_report_data(data: dict[str, Any], directory: Path) -> None:
-    """Write ``report.json``, ``changes.png`` (when matplotlib is there) and ``report.md`` into *directory*.
+    """Write ``report.json``, ``changes.png`` (when a metric changed and matplotlib is there) and ``report.md``
+    into *directory*.
 
     Note [report all or nothing]: every file is first written in full to a
     temporary file in *directory*; only when all are written are they renamed
@@ -150,7 +151,7 @@ def write_report_data(data: dict[str, Any], directory: Path) -> None:
         os.close(fd)
         png = Path(name)
         staged.append((png, directory / "changes.png"))
-        plot = "changes.png" if plot_changes(data_rows(data), png) else None
+        plot = "changes.png" if plot_changes(data, png) else None
         if plot is None:
             staged.pop()
             png.unlink()
@@ -159,6 +160,9 @@ def write_report_data(data: dict[str, Any], directory: Path) -> None:
         staged.append((stage_text(directory / "report.md", markdown(data, plot)), directory / "report.md"))
         for tmp, final in staged:
             os.replace(tmp, final)
+        if plot is None:  # nothing changed this time: the previous run's picture would mislead
+            with contextlib.suppress(FileNotFoundError):
+                (directory / "changes.png").unlink()
     except BaseException:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):

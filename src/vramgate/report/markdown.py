@@ -1,10 +1,16 @@
 """``report.md``: GitHub-flavoured markdown, fit for a job summary (``$GITHUB_STEP_SUMMARY``) and a PR comment,
-made from ``report.json``'s data (:func:`vramgate.report.data.report_data`)."""
+made from ``report.json``'s data (:func:`vramgate.report.data.report_data`).
+
+Its pictures are Mermaid charts GitHub draws in place (:mod:`vramgate.report.mermaid`); ``changes.png`` is linked
+only for the file read beside it, folded away, since neither a job summary nor a PR comment can show it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from vramgate.report.chart import changed_bars
+from vramgate.report.mermaid import mermaid_section
 from vramgate.report.summary import accept_command
 from vramgate.report.table import HEAD, Row, cells, coverage_lines, moved_cells, sorted_rows
 
@@ -19,7 +25,8 @@ def data_rows(data: dict[str, Any]) -> list[Row]:
 
 
 def markdown(data: dict[str, Any], plot: str | None) -> str:
-    """``report.md`` from report data; *plot* is the chart's file name, None where it was left out."""
+    """``report.md`` from report data; *plot* is the file name of ``changes.png``, None where it was not drawn
+    (nothing changed, or no matplotlib)."""
     rows = data_rows(data)
     failed = [r for r in rows if r.failed]
     moved_count = len((data.get("moved_baselines") or {}).get("metrics") or [])
@@ -62,6 +69,7 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
             if test["failed"]:
                 out += [f"<details open><summary><code>{test['nodeid']}</code></summary>", "", "```",
                         test["message"], "```", "</details>", ""]
+    out += ["### Changes", "", *mermaid_section(data)]
     out += ["### Metrics", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     for row in sorted_rows(rows):
         row_cells = list(cells(row, short=False))
@@ -72,6 +80,9 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
     if improved:
         out += [f"{len(improved)} test(s) beat their baseline; ratchet with "
                 f"`{accept_command(improved, data['accept_args'])}`.", ""]
-    out.append(f"![changes]({plot})" if plot else "_Plot left out: matplotlib is not installed._")
-    out.append("")
+    if plot:
+        out += ["<details><summary>The same changes as a picture: <code>changes.png</code> beside this file"
+                "</summary>", "", f"![changes]({plot})", "", "</details>", ""]
+    elif changed_bars(data):
+        out += ["_`changes.png` left out: matplotlib is not installed._", ""]
     return "\n".join(out)

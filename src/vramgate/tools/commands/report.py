@@ -1,4 +1,4 @@
-"""``vramgate report merge`` and ``vramgate report compare``: gate reports."""
+"""``vramgate report merge``, ``vramgate report compare`` and ``vramgate report html``: gate reports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from vramgate.tools.commands.common import Subparsers
 
 
 def register(sub: Subparsers) -> None:
-    """Add the ``report`` command group: ``merge``, ``compare``."""
+    """Add the ``report`` command group: ``merge``, ``compare``, ``html``."""
     rep = sub.add_parser("report", help="gate reports")
     rep_sub = rep.add_subparsers(dest="report_command", required=True)
     merge = rep_sub.add_parser("merge", help="merge the report.json of several shards into one report")
@@ -24,6 +24,12 @@ def register(sub: Subparsers) -> None:
     compare.add_argument("--markdown", metavar="FILE", help="also write the comparison as markdown to FILE")
     compare.add_argument("--all", action="store_true", help="list unchanged metrics too")
     compare.set_defaults(func=run_compare)
+    page = rep_sub.add_parser(
+        "html", help="one self-contained HTML page of a run: header, claims, failures, tables and charts")
+    page.add_argument("report", help="the run's report.json (or a folder holding one)")
+    page.add_argument("--history", metavar="FILE", help="a history JSON (vramgate history) for per-suite line charts")
+    page.add_argument("--out", metavar="FILE", help="the page to write (default: report.html beside report.json)")
+    page.set_defaults(func=run_html)
 
 
 def run_merge(args: argparse.Namespace) -> int:
@@ -52,3 +58,20 @@ def run_compare(args: argparse.Namespace) -> int:
     else:
         print(result.text(everything=args.all), end="")
     return 1 if result.regressions else 0
+
+
+def run_html(args: argparse.Namespace) -> int:
+    """Write the run's HTML page; 0 (2 for bad input, from the caller)."""
+    from vramgate.report import ReportError, html_page, load_history, load_report
+    from vramgate.store.files import atomic_write_text
+
+    source = Path(args.report)
+    data = load_report(source)
+    report_file = source / "report.json" if source.is_dir() else source
+    if data.get("schema") != 1 or not isinstance(data.get("tests"), list):
+        raise ReportError(f"{report_file}: not a vramgate report.json (schema 1)")
+    history = load_history(Path(args.history)) if args.history else None
+    out = Path(args.out) if args.out else report_file.parent / "report.html"
+    atomic_write_text(out, html_page(data, history))
+    print(f"wrote {out}")
+    return 0
