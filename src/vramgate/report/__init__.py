@@ -1,4 +1,5 @@
-"""Reports rendered from plain data: the terminal table, report.md, report.json, changes.png; two runs compared.
+"""Reports rendered from plain data: the terminal table, report.md, report.json, changes.png; two runs compared;
+exports for dashboards (Bencher Metric Format, PyTorch benchmark records).
 
 Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.summary.Summary` over.
 """
@@ -24,6 +25,16 @@ from vramgate.report.data import (
     write_report,
     write_report_data,
 )
+from vramgate.report.export import (
+    EXPORT_FILES,
+    EXPORT_FORMATS,
+    ExportedMetric,
+    export_text,
+    exported_metrics,
+    parse_export,
+    to_bmf,
+    to_pytorch,
+)
 from vramgate.report.markdown import markdown
 from vramgate.report.summary import (
     ACCEPTABLE,
@@ -40,11 +51,12 @@ from vramgate.report.table import Row, aligned, plan_lines, rows_of, text_table
 from vramgate.report.terminal import failure_message, terminal_summary
 
 __all__ = [
-    "ACCEPTABLE", "VERDICT_ORDER", "CheckedMetric", "ComparedMetric", "Comparison", "Hardware", "NodeSummary",
-    "ReportError", "Row", "RunFacts", "Summary", "accept_command", "aligned", "compare_report_files", "compare_reports",
-    "failure_message", "junit_properties", "load_report", "markdown", "merge_report_files", "merge_reports",
+    "ACCEPTABLE", "EXPORT_FILES", "EXPORT_FORMATS", "VERDICT_ORDER", "CheckedMetric", "ComparedMetric", "Comparison",
+    "ExportedMetric", "Hardware", "NodeSummary", "ReportError", "Row", "RunFacts", "Summary", "accept_command",
+    "aligned", "compare_report_files", "compare_reports", "export_text", "exported_metrics", "failure_message",
+    "junit_properties", "load_report", "markdown", "merge_report_files", "merge_reports", "parse_export",
     "plan_lines", "plot_changes", "pytest_command", "report_data", "rows_of", "terminal_summary", "text_table",
-    "verdict_rank", "write_report", "write_report_data",
+    "to_bmf", "to_pytorch", "verdict_rank", "write_report", "write_report_data",
 ]
 
 if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
