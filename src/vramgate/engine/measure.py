@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from vramgate.core.metrics import median
 from vramgate.engine.spec import EngineSpec
+from vramgate.machine.probes import memory_history
 from vramgate.machine.software import software_versions
 
 
@@ -70,6 +72,33 @@ def worker_allocator(worker: Any) -> dict[str, int]:
     return {"cuda_max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
             "cuda_max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
             "cuda_allocated_bytes": int(torch.cuda.memory_allocated(device))}
+
+
+def worker_memory_history_start(worker: Any, driver_pid: int) -> bool:
+    """Start recording this rank's allocator history, inside the model worker (Note [memory history] in
+    :mod:`vramgate.machine.probes.memory_history`); a rank in the engine's own process (*driver_pid*) records
+    since before the engine started. Whether this rank records (False without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    if os.getpid() != driver_pid:
+        memory_history.start(torch)
+    return True
+
+
+def worker_memory_history_dump(worker: Any, folder: str) -> str | None:
+    """Dump this rank's allocator history to ``memory-history-rank<N>.pickle`` in *folder* and stop recording,
+    inside the model worker; the file's path (None without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    path = Path(folder) / f"memory-history-rank{int(getattr(worker, 'rank', 0) or 0)}.pickle"
+    try:
+        return str(memory_history.dump(torch, path))
+    finally:
+        memory_history.stop(torch)
 
 
 def worker_figures(worker: Any) -> dict[str, Any]:

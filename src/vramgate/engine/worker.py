@@ -45,16 +45,23 @@ from vramgate.engine.measure import (
     requests_of,
     worker_allocator,
     worker_figures,
+    worker_memory_history_dump,
+    worker_memory_history_start,
 )
 from vramgate.engine.spec import EngineSpec
 from vramgate.machine import isa
+from vramgate.machine.probes import memory_history
 from vramgate.models.config import load_model
 from vramgate.store.files import atomic_write_text
 from vramgate.workloads import build
 
 
-def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
-    """Run *spec*'s workload once on a fresh engine; the :class:`~vramgate.engine.runner.EngineResult` as JSON."""
+def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[str, Any]:
+    """Run *spec*'s workload once on a fresh engine; the :class:`~vramgate.engine.runner.EngineResult` as JSON.
+
+    With *history_dir* (and CUDA), every rank records its allocator history from the engine's start and dumps
+    it there after generation; ``memory.memory_history`` lists the files (Note [memory history] in
+    :mod:`vramgate.machine.probes.memory_history`)."""
     t0 = time.perf_counter()
     import torch
     from vllm import LLM, SamplingParams
@@ -67,10 +74,15 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     on_gpu = torch.cuda.is_available()
     kwargs = llm_kwargs(spec, shape.path.parent, device_total_bytes(torch))
+    history = history_dir is not None and on_gpu
+    if history:
+        memory_history.start(torch)  # the ranks in this process: weights, profile run and KV cache included
     t1 = time.perf_counter()
     llm = LLM(**kwargs)
     t_init = time.perf_counter() - t1
     engine = llm.llm_engine
+    if history:
+        engine.collective_rpc(worker_memory_history_start, args=(os.getpid(),))
     cfg = engine.vllm_config
     cache, sched_cfg = cfg.cache_config, cfg.scheduler_config
     notes = []
@@ -136,6 +148,9 @@ def run(spec: EngineSpec, root: Path) -> dict[str, Any]:
     }
     # Note [allocator peak]: per rank, in the ranks' own processes; rank 0's is the headline figure.
     memory.update(allocators[0] if allocators else {})
+    if history:
+        dumped = engine.collective_rpc(worker_memory_history_dump, args=(str(history_dir),))
+        memory["memory_history"] = [p for p in dumped if p]
     page = worker["groups"][0]["page_bytes"] if worker["groups"] else None
     layers = sum(g["layers"] for g in worker["groups"])
     return {
@@ -265,7 +280,8 @@ def main(argv: list[str]) -> int:
         if serving:
             serve(spec, Path(data["root"]), out_path)
         else:
-            _write_json(out_path, run(spec, Path(data["root"])))
+            history_dir = out_path.parent if memory_history.requested() else None
+            _write_json(out_path, run(spec, Path(data["root"]), history_dir))
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()

@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 
+from vramgate.report.export import EXPORT_FILES, parse_export
+
 MISSING_POLICIES = ("fail", "record", "skip")
 UPDATE_SCOPES = ("all", "portable", "machine")
+#: When ``--gate-memory-history`` keeps a test's allocator history (Note [memory history]).
+MEMORY_HISTORY = ("off", "on-failure", "always")
 #: Fixtures that start engine processes, unless the ini value ``gate_engine_fixtures`` names others.
 DEFAULT_ENGINE_FIXTURES = ("engine",)
 
@@ -36,6 +40,10 @@ def add_options(parser: pytest.Parser) -> None:
         ("--gate-upgrade-from", "gate_upgrade_from", {"metavar": "PY"},
          "an upgrade run: PY is the engine environment of the vLLM being upgraded from; baselines recorded with "
          "another vLLM are expected, and the upgrade tests pair the two environments' engines"),
+        ("--gate-memory-history", "gate_memory_history", {"choices": MEMORY_HISTORY},
+         "record the CUDA allocator's memory history of each gated test (in the test's process and in its engines) "
+         "and save it next to the report: for failing tests only (on-failure), for every test (always), or not at "
+         "all (off, the default); needs --gate-report"),
     ]
     for flag, dest, extra, help_text in options:
         group.addoption(flag, dest=dest, default=None, help=help_text, **extra)
@@ -46,6 +54,12 @@ def add_options(parser: pytest.Parser) -> None:
              "as not compared (self-hosted runners of a known GPU or CPU class set it)",
     )
     parser.addini("gate_require_hardware", type="bool", default=False, help="default of --gate-require-hardware")
+    group.addoption(
+        "--gate-export", dest="gate_export", action="append", default=None, metavar="FORMAT[:PATH]",
+        help="after the run, also write its metrics for a dashboard: bmf (Bencher Metric Format) or pytorch (the "
+             "PyTorch benchmark database's records), to PATH or into the --gate-report folder (repeatable)",
+    )
+    parser.addini("gate_export", type="linelist", default=[], help="default of --gate-export: one FORMAT[:PATH] a line")
     group.addoption(
         "--gate-baselines-ref", dest="gate_baselines_ref", default=None, metavar="REF",
         help="list first every stored baseline that differs between git REF (a PR's base) and the tree",
@@ -114,6 +128,10 @@ class GateOptions:
     """``--gate-engine-python``: the engine environment's interpreter (absolute), None for pytest's own."""
     upgrade_from: str | None = None
     """``--gate-upgrade-from``: the interpreter of the vLLM an upgrade run upgrades from (absolute)."""
+    exports: tuple[tuple[str, Path], ...] = ()
+    """``--gate-export``: (format, file) of each export to write at the end (absolute)."""
+    memory_history: str = "off"
+    """``--gate-memory-history``: off, on-failure or always (Note [memory history])."""
     asked: list[str] = field(default_factory=list)
     """The options and ini values set (Note [inert until asked])."""
 
@@ -159,11 +177,19 @@ def read_options(config: pytest.Config) -> GateOptions:
     plan = bool(config.getoption("gate_plan"))
     if plan:
         asked.append("gate_plan")
+    report_path = (report_dir / report).resolve() if report else None
+    memory_history, _ = opt("gate_memory_history")
+    memory_history = memory_history or "off"
+    if memory_history not in MEMORY_HISTORY:
+        raise pytest.UsageError(f"gate_memory_history = {memory_history!r}: must be one of {', '.join(MEMORY_HISTORY)}")
+    if memory_history != "off" and report_path is None:
+        raise pytest.UsageError(f"--gate-memory-history {memory_history}: needs --gate-report DIR (the allocator "
+                                "histories are saved next to the report)")
     return GateOptions(
         baselines_dir=(base_dir / (baselines or "baselines")).resolve(),
         hardware_override=hardware_key or None,
         missing=missing,
-        report_dir=(report_dir / report).resolve() if report else None,
+        report_dir=report_path,
         update=bool(update),
         update_scope=update_scope,
         baselines_ref=ref or None,
@@ -174,5 +200,39 @@ def read_options(config: pytest.Config) -> GateOptions:
         engine_fixtures=tuple(config.getini("gate_engine_fixtures")),
         engine_python=interpreter(engine_python, python_dir),
         upgrade_from=interpreter(upgrade_from, from_dir),
+        exports=read_exports(config, report_path, asked),
+        memory_history=memory_history,
         asked=asked,
     )
+
+
+def read_exports(config: pytest.Config, report_dir: Path | None, asked: list[str]) -> tuple[tuple[str, Path], ...]:
+    """(format, absolute file) of each ``--gate-export`` (else of the ini value ``gate_export``); a relative PATH
+    from the directory pytest was started in (the ini file's folder for the ini value), none into *report_dir*."""
+    values = config.getoption("gate_export")
+    base = config.invocation_params.dir
+    flag = "--gate-export"
+    if not values:
+        values = config.getini("gate_export")
+        base = config.inipath.parent if config.inipath else config.rootpath
+        flag = "gate_export"
+    if not values:
+        return ()
+    asked.append("gate_export")
+    out: list[tuple[str, Path]] = []
+    for value in values:
+        try:
+            fmt, path = parse_export(value)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{flag}: {exc}") from None
+        if path is not None:
+            file = (base / path).resolve()
+        elif report_dir is not None:
+            file = report_dir / EXPORT_FILES[fmt]
+        else:
+            raise pytest.UsageError(f"{flag} {value}: give a file ({value}:PATH) or --gate-report DIR to write "
+                                    f"{EXPORT_FILES[fmt]} into")
+        if any(f == file for _, f in out):
+            raise pytest.UsageError(f"{flag} {value}: {file} is named by another export too")
+        out.append((fmt, file))
+    return tuple(out)

@@ -19,9 +19,11 @@ import pytest
 
 from vramgate._moved import forwarding
 from vramgate.machine import isa
+from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.hygiene import HygienePlugin
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
+from vramgate.pytest_plugin.memory_history import HISTORY_FOLDER, CallHistory, MemoryHistory, apply_engine_switch
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
 from vramgate.report import failure_message, junit_properties, plan_lines, rows_of, text_table
@@ -30,6 +32,7 @@ from vramgate.store.baselines import BaselineError
 
 SESSION_NAME = "vramgate-session"
 GATE_KEY = pytest.StashKey[Gate]()
+HISTORY_KEY = pytest.StashKey[CallHistory]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,6 +63,9 @@ def pytest_configure(config: pytest.Config) -> None:
                 engine_env.probe(python).require_vllm()
         except engine_env.EngineEnvError as exc:
             raise pytest.UsageError(f"{flag}: {exc}") from None
+    if session.options.memory_history != "off":  # Note [memory history]: every engine records in its worker
+        before = apply_engine_switch(session.options.memory_history)
+        config.add_cleanup(functools.partial(restore_env, MEMORY_HISTORY_ENV, before))
     config.pluginmanager.register(session, SESSION_NAME)
     if session.options.hygiene:
         # Registered before the gate's hooks, so that its report wrapper sees a test's own outcome, before
@@ -99,6 +105,11 @@ class GatePlugin:
     def __init__(self, session: GateSession) -> None:
         self.session = session
         self.config = session.config
+        options = session.options
+        self.history = (MemoryHistory(options.memory_history, options.report_dir / HISTORY_FOLDER,
+                                      options.engine_fixtures)
+                        if options.memory_history != "off" and options.report_dir is not None else None)
+        """``--gate-memory-history`` (Note [memory history]), None when off."""
 
     # -- collection ------------------------------------------------------------
 
@@ -175,11 +186,17 @@ class GatePlugin:
         narrower regions itself as well; every reading goes into the report.
         """
         recorder = getattr(item, "funcargs", {}).get("gate")
-        if not isinstance(recorder, Gate) or item.get_closest_marker("requires_gpus") is None:
-            yield
-            return
-        with recorder.gpu_guard():
-            yield
+        history = self.history.begin(item) if self.history is not None and self.session.uses_gate(item) else None
+        try:
+            if not isinstance(recorder, Gate) or item.get_closest_marker("requires_gpus") is None:
+                yield
+            else:
+                with recorder.gpu_guard():
+                    yield
+        finally:
+            if history is not None and self.history is not None:
+                self.history.end(history)
+                item.stash[HISTORY_KEY] = history
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(
@@ -191,25 +208,45 @@ class GatePlugin:
         if report.when != "call":
             return
         recorder = item.stash.get(GATE_KEY, None)
-        if recorder is None:
+        history = item.stash.get(HISTORY_KEY, None)
+        if recorder is None or not recorder.metrics:
+            if recorder is not None:
+                self.session.claims.extend((recorder.nodeid, c) for c in recorder.claims)
+            self._keep_history(item, report, history, report.failed)
             return
         gs = self.session
         gs.claims.extend((recorder.nodeid, c) for c in recorder.claims)
-        if not recorder.metrics:
-            return
         result = gs.evaluate(recorder, test_passed=report.passed)
         node = gs.node_summary(result)
         report.sections.append(("vramgate", text_table(rows_of([node]))))
         for prop in junit_properties(result.findings):  # GitLab, Jenkins and Buildkite read junit, not our report
             item.user_properties.append(prop)
             report.user_properties.append(prop)
+        kept = self._keep_history(item, report, history, result.failed or report.failed, section=not result.failed)
         if result.failed:
             message = failure_message(node, gs.hardware(), gs.accept_args())
+            if kept:
+                message += "\n" + kept
             if report.passed:
                 report.outcome = "failed"
                 report.longrepr = message
             else:
                 report.sections.append(("vramgate failures", message))
+
+    def _keep_history(self, item: pytest.Item, report: pytest.TestReport, history: CallHistory | None,
+                      failed: bool, section: bool = True) -> str:
+        """Keep or drop *history*'s snapshots (Note [memory history]); the lines naming the kept ones, also added
+        to the report as a section when *section*."""
+        if history is None or self.history is None:
+            return ""
+        del item.stash[HISTORY_KEY]
+        kept = self.history.settle(history, failed)
+        if not kept:
+            return ""
+        lines = self.history.lines(kept, self.config.rootpath)
+        if section:
+            report.sections.append(("vramgate memory history", lines))
+        return lines
 
     # -- session end -------------------------------------------------------------
 
@@ -244,8 +281,24 @@ class GatePlugin:
             except OSError as exc:
                 gs.errors.append(f"could not write the report into {gs.report_dir}: {exc} "
                                  "(the previous report there, if any, is unchanged)")
+        if gs.options.exports and gs.results:
+            self._write_exports()
         if gs.errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_exports(self) -> None:
+        """Write the ``--gate-export`` files from the report's data; what cannot be written is a session error."""
+        from vramgate.report import export_text, report_data
+        from vramgate.store.files import atomic_write_text
+
+        gs = self.session
+        data = report_data(gs.summary())
+        for fmt, path in gs.options.exports:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, export_text(data, fmt))
+            except OSError as exc:
+                gs.errors.append(f"could not write the {fmt} export to {path}: {exc}")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

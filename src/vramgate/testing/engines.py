@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere, engine_tier
+from vramgate.machine.probes import memory_history
 
 
 class Engine:
@@ -26,11 +27,13 @@ class Engine:
     def run(self, spec: EngineSpec) -> EngineResult:
         """The result of *spec*'s engine run (the session's earlier one when it already ran)."""
         try:
-            return self.cache.run(spec)
+            result = self.cache.run(spec)
         except UnsupportedHere as exc:
             pytest.skip(f"not on this machine: {exc}")
         except EngineError as exc:
             pytest.fail(str(exc), pytrace=False)
+        memory_history.note(result.memory.get("memory_history"))  # the test's snapshots (Note [memory history])
+        return result
 
 
 #: The KV-pressure engine run shared by the pressure and block_manager suites (one run per session):

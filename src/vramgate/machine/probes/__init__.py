@@ -2,6 +2,7 @@
 
 - :mod:`vramgate.machine.probes.cpu`: peak resident memory of a process (resettable high-water mark).
 - :mod:`vramgate.machine.probes.cuda`: ``torch.cuda.memory_stats`` around a region.
+- :mod:`vramgate.machine.probes.memory_history`: the CUDA allocator's memory history, dumped as a snapshot.
 - :mod:`vramgate.machine.probes.nvml`: device-used and per-process used memory from NVML.
 - :mod:`vramgate.machine.probes.timers`: ``perf_counter_ns`` and CUDA-event timers with warm-up.
 """

@@ -1,4 +1,4 @@
-"""``vramgate report merge``, ``vramgate report compare`` and ``vramgate report html``: gate reports."""
+"""``vramgate report merge``, ``compare``, ``html`` and ``export``: gate reports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from vramgate.tools.commands.common import Subparsers
 
 
 def register(sub: Subparsers) -> None:
-    """Add the ``report`` command group: ``merge``, ``compare``, ``html``."""
+    """Add the ``report`` command group: ``merge``, ``compare``, ``html``, ``export``."""
     rep = sub.add_parser("report", help="gate reports")
     rep_sub = rep.add_subparsers(dest="report_command", required=True)
     merge = rep_sub.add_parser("merge", help="merge the report.json of several shards into one report")
@@ -30,6 +30,14 @@ def register(sub: Subparsers) -> None:
     page.add_argument("--history", metavar="FILE", help="a history JSON (vramgate history) for per-suite line charts")
     page.add_argument("--out", metavar="FILE", help="the page to write (default: report.html beside report.json)")
     page.set_defaults(func=run_html)
+    export = rep_sub.add_parser(
+        "export", help="convert a run's report.json for a dashboard: Bencher Metric Format or PyTorch benchmark "
+                       "records")
+    export.add_argument("report", help="the run's report.json (or a folder holding one)")
+    export.add_argument("--format", required=True, choices=("bmf", "pytorch"),
+                        help="bmf (Bencher Metric Format) or pytorch (the PyTorch benchmark database's records)")
+    export.add_argument("--out", metavar="FILE", help="write to FILE instead of printing")
+    export.set_defaults(func=run_export)
 
 
 def run_merge(args: argparse.Namespace) -> int:
@@ -74,4 +82,19 @@ def run_html(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else report_file.parent / "report.html"
     atomic_write_text(out, html_page(data, history))
     print(f"wrote {out}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Print (or write to ``--out``) a report's metrics in the export format; 0 (2 for bad input, from the caller)."""
+    from vramgate.report import export_text, load_report
+    from vramgate.store.files import atomic_write_text
+
+    path = Path(args.report)
+    source = str(path / "report.json" if path.is_dir() else path)
+    text = export_text(load_report(path), args.format, source)
+    if args.out:
+        atomic_write_text(Path(args.out), text)
+    else:
+        print(text, end="")
     return 0

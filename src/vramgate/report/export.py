@@ -1,0 +1,216 @@
+"""A run's metrics for dashboards: Bencher Metric Format and the PyTorch OSS benchmark database's records.
+
+Both exports are pure functions of ``report.json``'s data (:func:`vramgate.report.data.report_data`): the
+plugin writes them at the end of a session (``--gate-export``), ``vramgate report export`` converts a stored
+report. Every metric of every test is exported (benchmark = the test's node id, measure = the metric's name),
+except an ``untrusted`` one: a measurement the GPU-state guard rejected is no figure for a dashboard.
+
+Bencher Metric Format (``bmf``), as bencher.dev's reference "Bencher Metric Format (BMF)" defines it and its
+JSON schema ``https://bencher.dev/bmf.json`` checks it: one JSON object keyed by benchmark name, each an object
+keyed by measure (name or slug), each holding a metric: ``value`` (required), ``lower_value`` and
+``upper_value`` (optional numbers). Here ``value`` is the metric's figure (the median of a measured metric's
+samples, of a paired metric's ratios); ``lower_value``/``upper_value`` are the samples' minimum and maximum, or
+for an exact metric its tolerance band in the gate's ratio terms (``value / (1 + tolerance)`` to
+``value * (1 + tolerance)``; the figure itself at tolerance 0). BMF has no field for a unit or for which way is
+better: Bencher keeps the unit on the measure (created with ``bencher measure create --units``) and the
+direction on its threshold (an upper boundary for lower-is-better, a lower one for higher-is-better).
+
+PyTorch benchmark records (``pytorch``): a JSON list, one record per metric, in the "v3" shape of the
+``benchmark.oss_ci_benchmark_v3`` table of pytorch/test-infra (``clickhouse_db_schema/oss_ci_benchmark_v3/
+schema.sql``; the wiki page "PyTorch OSS benchmark infra" documents the record), the shape vLLM's own benchmarks
+write for the PyTorch HUD (``convert_to_pytorch_benchmark_format`` in ``vllm/benchmarks/lib/utils.py``). Each
+field as the schema's comments define it:
+
+- ``benchmark``: ``name`` (the benchmark; here the test's node id), ``mode`` (training or inference: here
+  ``inference``), ``dtype`` (the dtype or quantization the benchmark used: ``""``, the report does not say),
+  ``extra_info`` (key/value strings: the suite, the metric's kind and scope, the gate's verdict).
+- ``model``: ``name`` (the model or test name: the test's name after its file), ``type`` (open: ``test``),
+  ``backend`` (a delegation backend: ``""``), ``origins`` (where it comes from: ``["vramgate:<suite>"]``),
+  ``extra_info`` (the test's file).
+- ``inputs``: a map of input name to ``dtype`` and ``extra_info``: empty, the report names no inputs.
+- ``dependencies``: a map of dependency to ``repo``, ``branch``, ``sha``, ``version`` and ``extra_info``: vLLM
+  and torch with the versions the run recorded.
+- ``metric``: ``name`` (the metric's name), ``benchmark_values`` (the values of every run: the samples, else
+  ``[value]``), ``target_value`` (the figure aimed at: the stored baseline's value, 0 without one, as
+  test-infra's own converters default it), ``extra_info`` (key/value strings: ``unit``, ``better``,
+  ``tolerance``, ``ceiling``/``floor``).
+- ``runners``: the devices the benchmark ran on: ``name`` (the hardware key), ``type`` (the tier),
+  ``cpu_info``, ``cpu_count``, ``mem_info``, ``avail_mem_in_gb``, ``gpu_info``, ``gpu_count``,
+  ``gpu_mem_info``, ``avail_gpu_mem_in_gb`` and ``extra_info``.
+
+The table's ``Map(String, String)`` columns take strings only, so every ``extra_info`` value is a string.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vramgate.core.metrics import Metric
+from vramgate.report.data import ReportError
+from vramgate.store.baselines import BaselineError, parse_metric
+
+#: The export formats, by the name ``--gate-export`` and ``vramgate report export --format`` take.
+EXPORT_FORMATS = ("bmf", "pytorch")
+#: The file each format is written to in the report folder when ``--gate-export`` names no path.
+EXPORT_FILES = {"bmf": "bmf.json", "pytorch": "pytorch-benchmark.json"}
+#: Where a dependency of the PyTorch records comes from (its ``repo``).
+DEPENDENCY_REPOS = {"vllm": "vllm-project/vllm", "torch": "pytorch/pytorch"}
+
+
+@dataclass(frozen=True)
+class ExportedMetric:
+    """One metric of a report, as the exports read it: its test, its figure now, the baseline's, the verdict."""
+
+    nodeid: str
+    suite: str
+    metric: Metric
+    baseline: float | None
+    verdict: str
+
+
+def band(metric: Metric) -> tuple[float, float]:
+    """(lower, upper) of *metric*: its samples' minimum and maximum, else its tolerance band in ratio terms."""
+    if metric.samples:
+        return min(metric.samples), max(metric.samples)
+    tolerance = metric.effective_tolerance
+    low, high = metric.value / (1 + tolerance), metric.value * (1 + tolerance)
+    return (low, high) if low <= high else (high, low)  # a negative figure's band turns over
+
+
+def _require(cond: bool, source: str, message: str) -> None:
+    if not cond:
+        raise ReportError(f"{source}: {message}")
+
+
+def exported_metrics(data: Any, source: str = "report") -> list[ExportedMetric]:
+    """Every metric of a report's *data* in node id order, untrusted ones left out; :class:`ReportError` naming
+    *source*, the test and the metric for data that is not a report."""
+    _require(isinstance(data, dict), source, "not a vramgate report.json: the top level must be a JSON object")
+    _require(data.get("schema") == 1, source,
+             f"not a vramgate report.json (schema 1): schema is {data.get('schema')!r}")
+    _require(isinstance(data.get("tests"), list), source, "tests: must be a list")
+    out = []
+    for i, test in enumerate(data["tests"]):
+        _require(isinstance(test, dict), source, f"tests[{i}]: must be an object")
+        nodeid, suite, metrics = test.get("nodeid"), test.get("suite"), test.get("metrics")
+        _require(isinstance(nodeid, str) and bool(nodeid), source, f"tests[{i}]: missing its nodeid")
+        _require(isinstance(suite, str), source, f"test {nodeid}: missing its suite")
+        _require(isinstance(metrics, list), source, f"test {nodeid}: metrics must be a list")
+        for j, entry in enumerate(metrics):
+            _require(isinstance(entry, dict) and isinstance(entry.get("name"), str) and bool(entry.get("name")),
+                     source, f"test {nodeid}: metrics[{j}] has no name")
+            name = entry["name"]
+            if entry.get("verdict") == "untrusted":
+                continue
+            where = f"test {nodeid}: metric {name!r}"
+            _require("now" in entry, source, f"{where} has no 'now' figure")
+            try:
+                metric = parse_metric(Path(source), f"{where}: now", name, entry["now"])
+            except BaselineError as exc:
+                raise ReportError(str(exc)) from None
+            base = entry.get("baseline")
+            value = base.get("value") if isinstance(base, dict) else None
+            _require(value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                                       and math.isfinite(value)), source, f"{where}: baseline value {value!r}")
+            out.append(ExportedMetric(nodeid, suite, metric, value, str(entry.get("verdict", ""))))
+    return sorted(out, key=lambda e: (e.nodeid, e.metric.name))
+
+
+def to_bmf(data: Any, source: str = "report") -> dict[str, dict[str, dict[str, float]]]:
+    """A report's metrics in Bencher Metric Format (see the module's docstring)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for e in exported_metrics(data, source):
+        low, high = band(e.metric)
+        out.setdefault(e.nodeid, {})[e.metric.name] = {
+            "value": float(e.metric.value), "lower_value": float(low), "upper_value": float(high)}
+    return out
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _gib(nbytes: Any) -> int:
+    return int(nbytes) // 2**30 if isinstance(nbytes, int | float) else 0
+
+
+def runner(hardware: dict[str, Any]) -> dict[str, Any]:
+    """The ``runners`` entry of the machine a report's ``hardware`` describes."""
+    gpus = [g for g in hardware.get("gpus") or [] if isinstance(g, dict)]
+    names = sorted({str(g.get("name", "")) for g in gpus})
+    extra = {k: str(hardware[k]) for k in ("arch", "isa", "driver", "cuda") if hardware.get(k)}
+    return {
+        "name": str(hardware.get("key", "")),
+        "type": str(hardware.get("tier", "")),
+        "cpu_info": str(hardware.get("cpu_model", "")),
+        "cpu_count": int(hardware.get("cpu_count") or 0),
+        "mem_info": "",
+        "avail_mem_in_gb": _gib(hardware.get("memory_bytes")),
+        "gpu_info": ", ".join(names),
+        "gpu_count": len(gpus),
+        "gpu_mem_info": "",
+        "avail_gpu_mem_in_gb": sum(_gib(g.get("memory_bytes")) for g in gpus),
+        "extra_info": extra,
+    }
+
+
+def to_pytorch(data: Any, source: str = "report") -> list[dict[str, Any]]:
+    """A report's metrics as PyTorch benchmark-database records, one per metric (see the module's docstring)."""
+    metrics = exported_metrics(data, source)
+    hardware = data.get("hardware") if isinstance(data.get("hardware"), dict) else {}
+    software = data.get("software") if isinstance(data.get("software"), dict) else {}
+    dependencies = {
+        name: {"repo": repo, "branch": "", "sha": "", "version": str(software[name]), "extra_info": {}}
+        for name, repo in DEPENDENCY_REPOS.items() if software.get(name)
+    }
+    if software.get("vllm_distribution") and "vllm" in dependencies:
+        dependencies["vllm"]["extra_info"] = {"distribution": str(software["vllm_distribution"])}
+    runners = [runner(hardware)]
+    records = []
+    for e in metrics:
+        m = e.metric
+        path, _, test = e.nodeid.rpartition("::")
+        extra = {"unit": m.unit, "better": m.better, "tolerance": _num(m.effective_tolerance)}
+        if m.ceiling is not None:
+            extra["ceiling"] = _num(m.ceiling)
+        if m.floor is not None:
+            extra["floor"] = _num(m.floor)
+        records.append({
+            "benchmark": {"name": e.nodeid, "mode": "inference", "dtype": "",
+                          "extra_info": {"suite": e.suite, "kind": m.kind, "scope": m.effective_scope,
+                                         "verdict": e.verdict}},
+            "model": {"name": test or e.nodeid, "type": "test", "backend": "", "origins": [f"vramgate:{e.suite}"],
+                      "extra_info": {"file": path}},
+            "inputs": {},
+            "dependencies": dependencies,
+            "metric": {"name": m.name, "benchmark_values": [float(v) for v in m.samples] or [float(m.value)],
+                       "target_value": float(e.baseline) if e.baseline is not None else 0.0, "extra_info": extra},
+            "runners": runners,
+        })
+    return records
+
+
+def export_text(data: Any, fmt: str, source: str = "report") -> str:
+    """A report's metrics in the export format *fmt* (one of :data:`EXPORT_FORMATS`) as JSON text."""
+    if fmt == "bmf":
+        exported: Any = to_bmf(data, source)
+    elif fmt == "pytorch":
+        exported = to_pytorch(data, source)
+    else:
+        raise ReportError(f"unknown export format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}")
+    return json.dumps(exported, indent=2, sort_keys=True) + "\n"
+
+
+def parse_export(text: str) -> tuple[str, Path | None]:
+    """``"bmf"`` -> ``("bmf", None)``, ``"pytorch:out/records.json"`` -> ``("pytorch", Path(...))``;
+    :class:`ValueError` naming the accepted formats for anything else."""
+    fmt, sep, path = str(text).partition(":")
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"{text!r}: the format must be one of {', '.join(EXPORT_FORMATS)} (FORMAT or FORMAT:PATH)")
+    if sep and not path:
+        raise ValueError(f"{text!r}: a path must follow the colon (FORMAT:PATH)")
+    return fmt, Path(path) if path else None
