@@ -258,3 +258,31 @@ def test_a_flat_history_is_said_not_drawn(run: dict[str, Any], history: list[dic
     page = html_page(run, history)
     assert 'class="history"' not in page
     assert "History: none of the 2 series of this suite moved." in page
+
+
+def test_the_history_command_output_feeds_the_page(tmp_path: Path) -> None:
+    """``vramgate history --json`` on a repository with two commits of a baseline is a history the page takes."""
+    import subprocess
+    import sys
+
+    from vramgate.report import load_history
+
+    repo = tmp_path / "repo"
+    (repo / "baselines" / "cpu").mkdir(parents=True)
+    (repo / "fixtures" / "models").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    for i, value in enumerate((65536, 69632)):
+        entry = {"metrics": {"page_bytes": {"value": value, "unit": "B", "kind": "exact", "better": "lower",
+                                            "tolerance": 0.0, "scope": "portable"}},
+                 "recorded": {"commit": None, "date": f"2026-11-2{i}T00:00:00Z", "software": {"vllm": "0.32.0"}}}
+        data = {"schema": 1, "suite": "kv", "hardware": {"key": "cpu"}, "tests": {"t.py::test_kv": entry}}
+        (repo / "baselines" / "cpu" / "kv.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", f"v{i}"], check=True)
+    out = subprocess.run([sys.executable, "-m", "vramgate", "history", "--json", "--root", str(repo)],
+                         capture_output=True, text=True, check=True)
+    path = tmp_path / "history.json"
+    path.write_text(out.stdout)
+    (series,) = load_history(path)
+    assert [p["value"] for p in series["points"]] == [65536, 69632]

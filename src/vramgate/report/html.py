@@ -95,13 +95,16 @@ def check_history(series: Any, source: str = "history") -> list[dict[str, Any]]:
 
 
 def load_history(path: Path) -> list[dict[str, Any]]:
-    """The series of a history file (:func:`check_history`); :class:`ReportError` naming the file."""
+    """The series of a history file (:func:`check_history`): a list of series, or what ``vramgate history
+    --json`` prints (an object whose ``series`` is that list); :class:`ReportError` naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ReportError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: cannot be read ({exc})") from None
+    if isinstance(data, dict) and "series" in data:
+        data = data["series"]
     return check_history(data, str(path))
 
 
