@@ -210,7 +210,8 @@ def test_html_page_has_one_svg_per_suite_chart(run: dict[str, Any], history: lis
     assert len(histories) == 2  # kv and latency have a history
     assert len(re.findall(r"<polyline ", histories[0])) == 2
     assert "No metric of this suite changed against its baseline." in page  # moe
-    assert "64.00 KiB → 80.00 KiB" in histories[0]
+    # The accepted values, then this run's own (its page_bytes is 1 KiB) as the last point.
+    assert "64.00 KiB → 1.00 KiB" in histories[0] and "then this run" in histories[0]
     without = html_page(run)
     assert 'class="history"' not in without and len(re.findall(r"<svg\b", without)) == 2
 
@@ -253,6 +254,7 @@ def test_report_html_command(run: dict[str, Any], history: list[dict[str, Any]],
 
 def test_a_flat_history_is_said_not_drawn(run: dict[str, Any], history: list[dict[str, Any]]) -> None:
     for series in history:
+        series["test"] += "_elsewhere"  # no value in this run: only the (flat) accepted values
         for point in series["points"]:
             point["value"] = series["points"][0]["value"]
     page = html_page(run, history)
@@ -286,3 +288,12 @@ def test_the_history_command_output_feeds_the_page(tmp_path: Path) -> None:
     path.write_text(out.stdout)
     (series,) = load_history(path)
     assert [p["value"] for p in series["points"]] == [65536, 69632]
+
+
+def test_the_page_draws_this_runs_keys_only(run: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """A series of another machine's hardware key is not this run's history."""
+    assert html_page(run, history) != html_page(run, [])  # the fixture's history draws something
+    other = [{**s, "hardware_key": "nvidia-h200-140gb-x1"} for s in history]
+    assert html_page(run, other) == html_page(run, [])
+    own = [{**s, "hardware_key": run["hardware"]["key"]} for s in history]
+    assert html_page(run, own) == html_page(run, history)

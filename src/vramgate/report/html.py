@@ -223,7 +223,8 @@ def history_chart(suite: str, series: list[dict[str, Any]], limit: int = HISTORY
         name = (f"{short_label(s['test'].split('::', 1)[-1] + ' · ' + s['metric'], 64)}: "
                 f"{format_value(first, s['unit'])} → {format_value(last, s['unit'])}")
         lines.append(Line(name=name, values=values, color=PALETTE[n % len(PALETTE)]))
-    span = f"{points[0][0][:10]} to {points[-1][0][:10]}"
+    dates = [date for date, commit in points if commit != RUN_POINT] or [points[0][0]]
+    span = f"{dates[0][:10]} to {dates[-1][:10]}" + (", then this run" if points[-1][1] == RUN_POINT else "")
     chart = line_chart([commit[:7] for _, commit in points], lines,
                        title=f"{suite}: history {span}, change since the first point (%)")
     if len(drawn) > limit:
@@ -249,15 +250,38 @@ def _table(rows: list[Row], kinds: dict[tuple[str, str], str]) -> list[str]:
     return [*out, "</table>"]
 
 
+#: The commit label, and the date that sorts after every commit, of this run's own value at the end of a history.
+RUN_POINT, RUN_DATE = "run", "9999-12-31T23:59:59Z"
+
+
+def with_this_run(series: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """*series* with this run's value of its metric as a last point (labelled ``run``): the accepted values, then
+    where the run stands. Unchanged when the run did not record the metric."""
+    for test in data["tests"]:
+        if test["nodeid"] != series["test"]:
+            continue
+        for metric in test.get("metrics", []):
+            now = metric.get("now") or {}
+            if metric.get("name") == series["metric"] and now.get("value") is not None:
+                point = {"commit": RUN_POINT, "date": RUN_DATE, "value": now["value"], "source": "report"}
+                return {**series, "points": [*series["points"], point]}
+    return series
+
+
 def html_page(data: dict[str, Any], history: list[dict[str, Any]] | None = None) -> str:
-    """The HTML page of report data (``report.json``), with the history charts of *history* (see the module)."""
+    """The HTML page of report data (``report.json``), with the history charts of *history* (see the module): the
+    series of this run's hardware key and tier (a series without ``hardware_key`` is taken as it is)."""
     rows = data_rows(data)
     bars = changed_bars(data)
     charts = by_suite(bars)
     kinds = metric_kinds(data)
     series_of: dict[str, list[dict[str, Any]]] = {}
+    # Only this run's own keys: its hardware key (machine-bound series) and its tier (portable ones); another
+    # machine's history is not this run's.
+    keys = {str(data["hardware"].get("key")), str(data["hardware"].get("tier"))}
     for s in history or []:
-        series_of.setdefault(s["suite"], []).append(s)
+        if s.get("hardware_key") in (None, *keys):
+            series_of.setdefault(s["suite"], []).append(with_this_run(s, data))
     suites = sorted({t["suite"] for t in data["tests"]} | set(series_of))
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
