@@ -9,7 +9,9 @@ does not know.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -38,3 +40,17 @@ def record_fields(
     if missing:
         raise error(f"{prefix}missing field(s) {', '.join(missing)}")
     return {name: value for name, value in data.items() if name in names}
+
+
+def read_json(path: Path, error: Callable[[str], Exception], where: str | None = None) -> Any:
+    """The JSON data of the file *path*; ``error(message)`` raised with a message that names the file (or
+    *where*) and says what is wrong: it cannot be read, or it is not valid JSON (with line and column)."""
+    name = where or str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{name}: cannot be read: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None

@@ -15,10 +15,11 @@ A page is ``block_size`` tokens of one layer; a KV budget holds
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vramgate.core.records import read_json
 
 #: Bytes per element of a KV cache dtype; "auto" means the model's dtype.
 KV_DTYPE_BYTES = {
@@ -104,14 +105,7 @@ def read_config(path: Path) -> dict[str, Any]:
     The one reader of model configs: :func:`load_model` and the weight-size model
     (:mod:`vramgate.models.quant`) both read through it.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"{path}: cannot be read: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    data = read_json(path, ModelConfigError)
     if not isinstance(data, dict):
         raise ModelConfigError(f"{path}: must be a JSON object, not {type(data).__name__}")
     return data

@@ -11,7 +11,6 @@ upgrade report.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from vramgate.core.checks import FAILING, check_baseline
 from vramgate.core.metrics import Metric, format_change, format_value, relative_change
+from vramgate.core.records import read_json
 from vramgate.machine.software import COMPARED_VERSIONS
 from vramgate.report.data import ReportError
 from vramgate.report.table import aligned
@@ -339,12 +339,7 @@ def load_report(path: Path) -> dict[str, Any]:
     if not file.exists():
         where = f"{path} holds no report.json" if path.is_dir() else f"{file}: no such file"
         raise ReportError(where)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{file}: cannot be read ({exc})") from None
+    data = read_json(file, ReportError)
     _require(isinstance(data, dict), str(file), "not a vramgate report.json: the top level must be a JSON object")
     assert isinstance(data, dict)
     return data

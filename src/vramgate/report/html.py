@@ -14,13 +14,13 @@ A history is a list of series, one per metric, as ``vramgate history`` writes it
 
 from __future__ import annotations
 
-import json
 import math
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from vramgate.core.metrics import format_value, unit_of
+from vramgate.core.records import read_json
 from vramgate.report.chart import Bar, by_suite, changed_bars, is_changed, metric_kinds, short_label
 from vramgate.report.data import ReportError
 from vramgate.report.markdown import data_rows
@@ -97,12 +97,7 @@ def check_history(series: Any, source: str = "history") -> list[dict[str, Any]]:
 def load_history(path: Path) -> list[dict[str, Any]]:
     """The series of a history file (:func:`check_history`): a list of series, or what ``vramgate history
     --json`` prints (an object whose ``series`` is that list); :class:`ReportError` naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: cannot be read ({exc})") from None
+    data = read_json(path, ReportError)
     if isinstance(data, dict) and "series" in data:
         data = data["series"]
     return check_history(data, str(path))

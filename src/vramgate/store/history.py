@@ -16,13 +16,13 @@ and :func:`merge_history` puts both into one history ordered by date.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from vramgate.core.metrics import Better, Kind
+from vramgate.core.records import read_json
 from vramgate.machine.hardware import TIER_KEYS
 from vramgate.machine.software import GitError, git
 from vramgate.store.baselines import BaselineError, parse_baseline, parse_metric
@@ -190,12 +190,7 @@ def _need(cond: bool, file: Path, where: str, message: str) -> None:
 
 
 def _report(file: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise HistoryError(f"{file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HistoryError(f"{file}: cannot be read ({exc})") from None
+    data = read_json(file, HistoryError)
     _need(isinstance(data, dict) and data.get("schema") == 1, file, "top level",
           "not a vramgate report.json (schema 1)")
     _need(isinstance(data.get("tests"), list), file, "tests", "must be a list")
