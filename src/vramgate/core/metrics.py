@@ -184,6 +184,22 @@ def median(values: Sequence[float]) -> float:
     return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """Mean, median, p90, p99 and maximum of *values* (linear interpolation); empty for no values."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def q(p: float) -> float:
+        k = (len(ordered) - 1) * p
+        lo = int(k)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+    return {"mean": sum(ordered) / len(ordered), "p50": median(ordered), "p90": q(0.9), "p99": q(0.99),
+            "max": ordered[-1]}
+
+
 @dataclass(frozen=True)
 class Paired:
     """The two sides of a paired measurement (reference and candidate, same session, same machine state).

@@ -14,27 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vramgate.core.metrics import median
+from vramgate.core.metrics import percentiles as percentiles  # re-exported: its former home
 from vramgate.engine.spec import EngineSpec
 from vramgate.machine.probes import memory_history
 from vramgate.machine.software import software_versions
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    """Mean, median, p90, p99 and maximum of *values* (linear interpolation); empty for no values."""
-    if not values:
-        return {}
-    ordered = sorted(values)
-
-    def q(p: float) -> float:
-        k = (len(ordered) - 1) * p
-        lo = int(k)
-        hi = min(lo + 1, len(ordered) - 1)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-    return {"mean": sum(ordered) / len(ordered), "p50": median(ordered), "p90": q(0.9), "p99": q(0.99),
-            "max": ordered[-1]}
-
 
 #: The versions an engine run records, in the order it records them.
 ENGINE_VERSIONS = ("python", "vllm", "vllm_distribution", "torch")

@@ -21,12 +21,13 @@ from vramgate.tools.commands import (
     plan,
     report,
     simulate,
+    trace,
     upgrade,
 )
 
 #: The command modules, in the order ``vramgate --help`` lists their commands.
 COMMANDS = (hardware, doctor, simulate, engine, patches, report, history, gpu_cleanup, calibrate, plan, install_engine,
-            upgrade)
+            upgrade, trace)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,8 +12,10 @@ Every workload is a pure function of its name, size and seed, so two runs
                   unique suffix: the case prefix caching exists for.
 ``long-context``  long prompts, lengths spread up to the model length.
 
-Arrivals are ``offline`` (all at t=0, as ``LLM.generate`` sees them) or Poisson
-with a given rate. Saved traces live in ``fixtures/workloads/<name>.json``.
+Arrivals are ``offline`` (all at t=0, as ``LLM.generate`` sees them), Poisson
+with a given rate, or a trace's own times (``trace``: each request's ``arrival_s``).
+Saved traces live in ``fixtures/workloads/<name>.json``; :mod:`vramgate.workloads.traces`
+imports one from a ShareGPT conversations file, a vLLM benchmark JSONL or a CSV of lengths.
 """
 
 from __future__ import annotations
@@ -247,6 +249,7 @@ def build(
         raise WorkloadError(f"requests must be >= 1, got {requests}")
     if max_model_len < 16:
         raise WorkloadError(f"max_model_len must be >= 16, got {max_model_len}")
+    arrivals = "offline"
     if name in GENERATORS:
         try:
             reqs = GENERATORS[name](requests, seed, max_model_len, **params)
@@ -262,9 +265,9 @@ def build(
         too_long = [i for i, r in enumerate(reqs) if r.total_len > max_model_len]
         if too_long:
             raise WorkloadError(f"{path}: request {too_long[0]} is longer than max_model_len {max_model_len}")
+        arrivals = saved.arrivals
     else:
         raise WorkloadError(f"unknown workload {name!r}; accepted: {', '.join(available_workloads(root))}")
-    arrivals = "offline"
     if arrival_rate is not None:
         reqs = poisson_arrivals(reqs, arrival_rate, seed)
         arrivals = f"poisson {arrival_rate:g}/s"
