@@ -16,8 +16,8 @@ from vramgate.matrix.loader import (
     parse_budget,
     parse_matrix,
 )
-from vramgate.matrix.select import Machine, gpu_class, not_here, skip_here
 from vramgate.matrix.project import matrix_path, project_matrix
+from vramgate.matrix.select import Machine, gpu_class, missing_trace, not_here, skip_here
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -36,6 +36,7 @@ __all__ = [
     "gpu_class",
     "load_matrix",
     "matrix_path",
+    "missing_trace",
     "not_here",
     "parse_budget",
     "parse_matrix",

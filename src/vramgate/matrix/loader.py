@@ -182,7 +182,7 @@ class _Reader:
             return default
         value = self.table[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             names = " or ".join(k.__name__ for k in kinds)
             raise self.fail(key, f"must be {names}, got {type(value).__name__} {value!r}")
         return value
@@ -314,9 +314,12 @@ def parse_matrix(text: str, source: str, root: Path | None = None) -> Matrix:
 
 
 def load_matrix(path: Path, root: Path | None = None) -> Matrix:
-    """The matrix in the file *path* (see :func:`parse_matrix`)."""
+    """The matrix in the file *path* (see :func:`parse_matrix`); errors name it relative to *root* when under it."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MatrixError(f"{path}: cannot read the matrix: {exc.strerror or exc}") from None
-    return parse_matrix(text, str(path), root)
+    source = str(path)
+    if root is not None and path.resolve().is_relative_to(root.resolve()):
+        source = str(path.resolve().relative_to(root.resolve()))
+    return parse_matrix(text, source, root)

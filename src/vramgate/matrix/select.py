@@ -5,7 +5,7 @@ another GPU class (a class the hardware key does not contain) is not collected
 at all, so each machine's node ids are those of its own entries (baselines are
 keyed by node id); ``vramgate matrix`` lists them with the reason. An entry of
 this tier and class whose TP size needs more GPUs than the machine has is
-collected and skipped with the reason.
+collected and skipped with the reason, and so is one whose workload is a trace not imported yet.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from vramgate.matrix.loader import Entry
+from vramgate.workloads import workloads_dir
 
 
 @dataclass(frozen=True)
@@ -50,3 +52,15 @@ def skip_here(entry: Entry, machine: Machine) -> str | None:
     if machine.tier == "gpu" and entry.tp > machine.gpu_count:
         return f"TP {entry.tp} needs {entry.tp} GPUs; this machine has {machine.gpu_count}"
     return None
+
+
+def missing_trace(entry: Entry, root: Path) -> str | None:
+    """Why *entry*'s workload cannot run yet (its trace is not saved under ``<root>/fixtures/workloads``), or None.
+
+    A matrix may name a trace before it is imported (``--check`` accepts it); its cases skip until it is there.
+    """
+    wl = entry.workload
+    if wl is None or wl.trace is None or (workloads_dir(root) / f"{wl.trace}.json").is_file():
+        return None
+    return (f"workload {wl.name}: trace {wl.trace!r} is not imported yet (no fixtures/workloads/{wl.trace}.json; "
+            "vramgate trace import writes it)")
