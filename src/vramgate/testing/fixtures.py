@@ -17,7 +17,13 @@ from vramgate.profiles import Profile
 from vramgate.runtime import engine_env
 from vramgate.runtime.vllm_env import vllm_environment
 from vramgate.testing.engines import Engine
-from vramgate.testing.matrix import ENTRY_MARKER_HELP, MATRIX_OPTION, budgets_hook, parametrize_matrix
+from vramgate.testing.matrix import (
+    ENTRY_MARKER_HELP,
+    MATRIX_OPTION,
+    budgets_hook,
+    parametrize_matrix,
+    session_matrix,
+)
 from vramgate.testing.matrix import MARKER_HELP as MATRIX_MARKER_HELP
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import ARGNAME, MARKER_HELP, parametrize_profiles, version_problem
@@ -35,10 +41,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare the ``gate_profiles`` and ``gate_matrix`` marks."""
+    """Declare the ``gate_profiles`` and ``gate_matrix`` marks, and read the matrix (a bad file stops the run
+    before collection, naming the file and field)."""
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", MATRIX_MARKER_HELP)
     config.addinivalue_line("markers", ENTRY_MARKER_HELP)
+    session_matrix(config)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -28,7 +28,7 @@ def register(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the matrix (``--check``) or print its entries with what each does on this machine."""
-    from vramgate.matrix import MatrixError, matrix_path, project_matrix
+    from vramgate.matrix import MatrixError, project_matrix
 
     root = project_root(args.root)
     try:
@@ -37,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vramgate matrix: {exc}", file=sys.stderr)
         return 1
     if args.check:
-        where = matrix_path(root, args.file) or matrix.source
-        print(f"{where}: {len(matrix.models)} models, {len(matrix.workloads)} workloads, {len(matrix.entries)} "
+        print(f"{matrix.source}: {len(matrix.models)} models, {len(matrix.workloads)} workloads, {len(matrix.entries)} "
               "entries: valid")
         return 0
     rows = coverage(matrix, root)
