@@ -176,10 +176,11 @@ def gated(pytester: pytest.Pytester, matrix: str = MATRIX) -> pytest.Pytester:
     return pytester
 
 
+# In subprocesses: an inner run in this process would load the engine's numerical libraries a second time.
 def test_matrix_budgets_gate_the_recorded_metrics(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     gated(pytester)
     args = ("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw", "--gate-update", "-rA")
-    result = pytester.runpytest(*args)
+    result = pytester.runpytest_subprocess(*args)
     result.assert_outcomes(passed=2)
     out = result.stdout.str()
     assert "test_run[tiny-llama-bs16]" in out and "test_run[tiny-llama-bs32]" in out
@@ -187,7 +188,7 @@ def test_matrix_budgets_gate_the_recorded_metrics(pytester: pytest.Pytester, mon
     assert "budget capacity_tokens >= 400000 (vramgate.toml: entries[0])" in out
     monkeypatch.setenv("CAP", "300000")
     monkeypatch.setenv("PEAK", str(80 * 2**30))
-    result = pytester.runpytest(*args[:-1])
+    result = pytester.runpytest_subprocess(*args[:-1])
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert "capacity_tokens: 300,000 tokens is below its floor 400,000 tokens" in out
@@ -196,7 +197,8 @@ def test_matrix_budgets_gate_the_recorded_metrics(pytester: pytest.Pytester, mon
 
 def test_a_budget_in_another_unit_fails_naming_the_entry(pytester: pytest.Pytester) -> None:
     gated(pytester, MATRIX.replace('">= 400000"', '">= 4 GiB"'))
-    result = pytester.runpytest("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw", "--gate-update")
+    result = pytester.runpytest_subprocess("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw",
+                                           "--gate-update")
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*vramgate.toml: entries[[]0[]].budgets.capacity_tokens: '>= 4 GiB' is in B, but "
                                  "the test records capacity_tokens in tokens*"])
@@ -204,7 +206,7 @@ def test_a_budget_in_another_unit_fails_naming_the_entry(pytester: pytest.Pytest
 
 def test_a_bad_matrix_stops_collection(pytester: pytest.Pytester) -> None:
     gated(pytester, MATRIX.replace("block_size", "blocksize"))
-    result = pytester.runpytest("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw")
+    result = pytester.runpytest_subprocess("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "vramgate.toml: entries[0].blocksize: unknown field; did you mean block_size?" in result.stderr.str()
 
