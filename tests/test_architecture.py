@@ -12,8 +12,8 @@ PACKAGE = SRC / "vramgate"
 
 #: Layers from the bottom up; a module may import its own layer and those listed before it.
 LAYERS = [
-    "core", "machine", "store", "models", "workloads", "profiles", "runtime", "sim", "engine", "tp", "report",
-    "pytest_plugin", "testing", "tools",
+    "core", "machine", "store", "models", "workloads", "profiles", "matrix", "runtime", "sim", "engine", "tp",
+    "report", "pytest_plugin", "testing", "tools",
 ]
 #: The package's front door and its compatibility aliases may use any layer.
 FACADES = {"vramgate", "vramgate.__main__", "vramgate._moved"}

@@ -5,11 +5,12 @@ pads a 64 x 128 = 8192-element KV row to 8448 ("256-byte alignment through
 cuBLASLt"). vLLM sizes a page as ``2 x block_size x num_kv_heads x head_size x
 dtype`` (full attention) or ``block_size x 576 x dtype`` (MLA), with no padding,
 and per-token bytes do not depend on the block size.
+
+The models, block sizes and KV dtypes are the matrix's (``vramgate.toml``, docs/matrix.md).
 """
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
@@ -18,18 +19,10 @@ from vramgate import Gate
 from vramgate.models.config import ModelShape
 from vramgate.testing import ModelLoader
 
-MODEL = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
-BLOCK_SIZE = [16, 64, 128]
-KV_CACHE_DTYPE = ["auto", "fp8"]
 GIB = 1 << 30
 
-CASES = [
-    pytest.param(model, block_size, kv_dtype, id=f"{model}-bs{block_size}-{kv_dtype}")
-    for model, block_size, kv_dtype in itertools.product(MODEL, BLOCK_SIZE, KV_CACHE_DTYPE)
-]
 
-
-@pytest.mark.parametrize(("model", "block_size", "kv_cache_dtype"), CASES)
+@pytest.mark.gate_matrix("kv_cache", id="{model}-bs{block_size}-{kv_cache_dtype}")
 def test_kv_page_and_capacity(
     gate: Gate, vllm_here: Path, model_shape: ModelLoader, model: str, block_size: int, kv_cache_dtype: str
 ) -> None:
@@ -57,13 +50,15 @@ def test_kv_page_and_capacity(
     assert 0 <= GIB - layout.kv_bytes < layout.page_bytes * layout.num_layers
 
 
-@pytest.mark.parametrize("model", MODEL)
-def test_bytes_per_token_do_not_depend_on_block_size(vllm_here: Path, model_shape: ModelLoader, model: str) -> None:
+@pytest.mark.gate_matrix("kv_cache", id="{model}")
+def test_bytes_per_token_do_not_depend_on_block_size(
+    vllm_here: Path, model_shape: ModelLoader, model: str, block_sizes: tuple[int, ...]
+) -> None:
     """The article's table has block size 16 vs 32 change peak memory; per-token KV bytes cannot."""
     from vramgate.models.vllm_kv import vllm_kv_layout
 
     per_token = {
-        bs: vllm_kv_layout(model_shape.path(model), block_size=bs).page_bytes // bs for bs in BLOCK_SIZE
+        bs: vllm_kv_layout(model_shape.path(model), block_size=bs).page_bytes // bs for bs in block_sizes
     }
     assert len(set(per_token.values())) == 1, f"per-token bytes by block size: {per_token}"
 

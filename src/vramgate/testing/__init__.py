@@ -14,6 +14,7 @@ from vramgate.testing.engines import (
     small_run_block_size,
     small_run_spec,
 )
+from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, session_matrix
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
@@ -26,12 +27,16 @@ __all__ = [
     "SMALL_RUN_BUDGET_GIB",
     "Checkpoints",
     "Engine",
+    "MatrixCase",
     "ModelLoader",
     "QuantRuns",
     "Simulator",
     "TPRunner",
+    "apply_budgets",
     "check_claims",
     "checkpoint_of",
+    "matrix_params",
+    "session_matrix",
     "skip_unmet",
     "small_run_block_size",
     "small_run_spec",

@@ -7,7 +7,7 @@ suite gets these fixtures; each is typed with the class it hands out.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,14 @@ from vramgate.profiles import Profile
 from vramgate.runtime import engine_env
 from vramgate.runtime.vllm_env import vllm_environment
 from vramgate.testing.engines import Engine
+from vramgate.testing.matrix import (
+    ENTRY_MARKER_HELP,
+    MATRIX_OPTION,
+    budgets_hook,
+    parametrize_matrix,
+    session_matrix,
+)
+from vramgate.testing.matrix import MARKER_HELP as MATRIX_MARKER_HELP
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import ARGNAME, MARKER_HELP, parametrize_profiles, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns
@@ -24,15 +32,35 @@ from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The matrix file: ``--gate-matrix PATH`` or ini ``gate_matrix`` (default: the project's vramgate.toml)."""
+    help_text = ("the matrix file the suites parametrize from (relative to the rootdir; default: vramgate.toml "
+                 "there, else the built-in default; docs/matrix.md)")
+    parser.addoption("--gate-matrix", dest=MATRIX_OPTION, metavar="PATH", default=None, help=help_text)
+    parser.addini(MATRIX_OPTION, help_text, default="")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare the ``gate_profiles`` mark."""
+    """Declare the ``gate_profiles`` and ``gate_matrix`` marks, and read the matrix (a bad file stops the run
+    before collection, naming the file and field)."""
     config.addinivalue_line("markers", MARKER_HELP)
+    config.addinivalue_line("markers", MATRIX_MARKER_HELP)
+    config.addinivalue_line("markers", ENTRY_MARKER_HELP)
+    session_matrix(config)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize the tests marked ``gate_profiles`` (before ``parametrize`` marks: the profile's id comes first)."""
+    """Parametrize the tests marked ``gate_profiles`` (before ``parametrize`` marks: the profile's id comes first)
+    and those marked ``gate_matrix``."""
     parametrize_profiles(metafunc)
+    parametrize_matrix(metafunc)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    """A matrix case: its weights note in the report, its entry's budgets on the metrics it recorded."""
+    return (yield from budgets_hook(item))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

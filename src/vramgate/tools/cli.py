@@ -17,6 +17,7 @@ from vramgate.tools.commands import (
     hardware,
     history,
     install_engine,
+    matrix,
     patches,
     plan,
     report,
@@ -27,7 +28,7 @@ from vramgate.tools.commands import (
 
 #: The command modules, in the order ``vramgate --help`` lists their commands.
 COMMANDS = (hardware, doctor, simulate, engine, patches, report, history, gpu_cleanup, calibrate, plan, install_engine,
-            upgrade, trace)
+            upgrade, trace, matrix)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,45 @@
+"""The declared matrix (``vramgate.toml``): models, workloads, and which suites run them where, under which
+budgets. The testing layer parametrizes the suites from it; ``vramgate matrix`` prints and checks it."""
+
+from vramgate.matrix.default import DEFAULT_SOURCE, DEFAULT_TOML, default_matrix
+from vramgate.matrix.loader import (
+    MATRIX_FILE,
+    SUITES,
+    TIERS,
+    Budget,
+    Entry,
+    Matrix,
+    MatrixError,
+    Model,
+    Workload,
+    load_matrix,
+    parse_budget,
+    parse_matrix,
+)
+from vramgate.matrix.project import matrix_path, project_matrix
+from vramgate.matrix.select import Machine, gpu_class, missing_trace, not_here, skip_here
+
+__all__ = [
+    "DEFAULT_SOURCE",
+    "DEFAULT_TOML",
+    "MATRIX_FILE",
+    "SUITES",
+    "TIERS",
+    "Budget",
+    "Entry",
+    "Machine",
+    "Matrix",
+    "MatrixError",
+    "Model",
+    "Workload",
+    "default_matrix",
+    "gpu_class",
+    "load_matrix",
+    "matrix_path",
+    "missing_trace",
+    "not_here",
+    "parse_budget",
+    "parse_matrix",
+    "project_matrix",
+    "skip_here",
+]

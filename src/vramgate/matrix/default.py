@@ -1,0 +1,104 @@
+"""The built-in default matrix: the one a project without a ``vramgate.toml`` gets.
+
+It declares the suites' own fixtures (the models, block sizes and KV dtypes of
+the kv_cache, capacity and latency suites); the repository ships the same
+entries in its ``vramgate.toml``, which a team edits to add what it serves.
+"""
+
+from __future__ import annotations
+
+from vramgate.matrix.loader import Matrix, parse_matrix
+
+#: The default matrix's TOML text.
+DEFAULT_TOML = """\
+# The gate's matrix: which suites run which model, how, on which machines, under which budgets.
+# Format: docs/matrix.md. Check it with `vramgate matrix --check`; see what runs here with `vramgate matrix`.
+# Without this file the built-in default applies (the same entries as these).
+
+[models.deepseek-v2-lite]
+[models.deepseek-v2]
+[models.deepseek-v3]
+[models."llama-3.1-8b"]
+[models.tiny-llama]
+[models.tiny-deepseek-v2]
+
+# KV pages and capacity by vLLM's own accounting (no engine run): every tier.
+[[entries]]
+suites = ["kv_cache"]
+model = "deepseek-v2-lite"
+block_size = [16, 64, 128]
+kv_cache_dtype = ["auto", "fp8"]
+
+[[entries]]
+suites = ["kv_cache"]
+model = "deepseek-v2"
+block_size = [16, 64, 128]
+kv_cache_dtype = ["auto", "fp8"]
+
+[[entries]]
+suites = ["kv_cache"]
+model = "deepseek-v3"
+block_size = [16, 64, 128]
+kv_cache_dtype = ["auto", "fp8"]
+
+[[entries]]
+suites = ["kv_cache"]
+model = "llama-3.1-8b"
+block_size = [16, 64, 128]
+kv_cache_dtype = ["auto", "fp8"]
+
+# The shared small engine runs (capacity and latency run the same spec, so each engine runs once a session):
+# vLLM's CPU attention needs a block size that is a multiple of 32, its CPU MLA runs 16 only.
+[[entries]]
+suites = ["capacity", "latency"]
+model = "tiny-llama"
+tier = "cpu"
+block_size = 32
+
+[[entries]]
+suites = ["capacity"]
+model = "tiny-llama"
+tier = "cpu"
+block_size = [64, 128]
+nightly = "more block sizes of the same accounting: no profile changes them"
+
+[[entries]]
+suites = ["capacity", "latency"]
+model = "tiny-deepseek-v2"
+tier = "cpu"
+block_size = 16
+
+[[entries]]
+suites = ["capacity", "latency"]
+model = "tiny-llama"
+tier = "gpu"
+block_size = 16
+
+[[entries]]
+suites = ["capacity"]
+model = "tiny-llama"
+tier = "gpu"
+block_size = [32, 128]
+nightly = "more block sizes of the same accounting: no profile changes them"
+
+[[entries]]
+suites = ["capacity", "latency"]
+model = "tiny-deepseek-v2"
+tier = "gpu"
+block_size = 16
+
+[[entries]]
+suites = ["capacity"]
+model = "tiny-deepseek-v2"
+tier = "gpu"
+block_size = 64
+nightly = "more block sizes of the same accounting: no profile changes them"
+"""
+
+#: Where errors in the built-in default say it came from.
+DEFAULT_SOURCE = "<built-in default matrix>"
+
+
+def default_matrix() -> Matrix:
+    """The built-in default matrix (model configs not checked against a project: they are the repository's)."""
+    return parse_matrix(DEFAULT_TOML, DEFAULT_SOURCE)

@@ -1,0 +1,325 @@
+"""The declared matrix: which suites run which model, how, on which machines, under which budgets.
+
+A matrix is a TOML file (the project's ``vramgate.toml``; see ``docs/matrix.md``)::
+
+    [models.llama-3-1-8b]             # config: a folder under fixtures/models (default: the name)
+    config = "llama-3.1-8b"
+    checkpoint = "/models/llama-3.1-8b"  # optional: real weights, loaded on the GPU tier
+
+    [workloads.team]
+    trace = "sharegpt-team"           # a saved trace under fixtures/workloads, or builtin = "sharegpt"
+
+    [[entries]]
+    suites = ["capacity", "latency"]
+    model = "llama-3-1-8b"
+    tier = "gpu"
+    gpu = "h100"
+    tp = 1
+    block_size = [16]
+    workload = "team"
+    [entries.budgets]
+    capacity_tokens = ">= 400000"
+
+:func:`load_matrix` reads and validates one; every error is a :class:`MatrixError` that names the file and
+the field (``vramgate.toml: entries[2].blok_size: unknown field; did you mean block_size?``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramgate.models.config import available_models
+from vramgate.workloads import GENERATORS
+
+#: The suites an entry may name (the folders under ``suites/`` that parametrize from the matrix).
+SUITES = ("kv_cache", "capacity", "latency")
+#: The engine tiers an entry may name.
+TIERS = ("cpu", "gpu")
+#: The file a project's matrix lives in, at its root.
+MATRIX_FILE = "vramgate.toml"
+
+_BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+               "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_BUDGET = re.compile(r"^\s*(<=|>=)\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
+
+
+class MatrixError(ValueError):
+    """A matrix file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model of the matrix: a config folder under ``fixtures/models`` and, optionally, real weights."""
+
+    name: str
+    config: str
+    checkpoint: str | None = None
+    """A local folder of real weights (loaded offline on the GPU tier); None: dummy weights."""
+    moe_routing_skew: float | None = None
+    """For a mixture-of-experts model: how unevenly tokens reach experts (suites that model routing read it)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A workload of the matrix: a built-in generator with its parameters, or a saved trace by name."""
+
+    name: str
+    builtin: str | None = None
+    trace: str | None = None
+    """A saved workload under ``fixtures/workloads`` (``vramgate trace import`` writes them), by name."""
+    params: dict[str, Any] = field(default_factory=dict)
+    requests: int | None = None
+    seed: int | None = None
+    arrival_rate: float | None = None
+
+    @property
+    def engine_name(self) -> str:
+        """The name an engine spec's ``workload`` takes: the generator's or the trace's."""
+        return self.builtin or self.trace or ""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An entry's bound on one recorded metric: ``<= value`` (a ceiling) or ``>= value`` (a floor)."""
+
+    metric: str
+    op: str
+    value: float
+    """In the metric's base unit (bytes, seconds) when :attr:`unit` is set, else as written."""
+    unit: str | None = None
+    """``B`` or ``s`` when the budget was written with a byte or time unit; None for a plain number."""
+    text: str = ""
+
+    def describe(self) -> str:
+        """The budget as written: ``peak_gpu_bytes <= 74 GiB``."""
+        return f"{self.metric} {self.text}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ``[[entries]]`` table: the suites that run one model, where, how, and the budgets they meet."""
+
+    index: int
+    suites: tuple[str, ...]
+    model: Model
+    tier: str | None = None
+    """``cpu`` or ``gpu``; None: every tier."""
+    gpu: str | None = None
+    """A GPU class (``h100``) that the hardware key must contain; None: any machine of the tier."""
+    tp: int = 1
+    dtype: str = "bfloat16"
+    kv_cache_dtype: tuple[str, ...] = ("auto",)
+    block_size: tuple[int, ...] = (16,)
+    quantization: str | None = None
+    workload: Workload | None = None
+    nightly: str | None = None
+    """Why this entry runs in the full gate only (the ``gate_nightly`` mark's reason); None: every run."""
+    budgets: tuple[Budget, ...] = ()
+
+    def describe(self) -> str:
+        """One line: what the entry runs."""
+        parts = [f"{self.model.name}", f"suites {','.join(self.suites)}", f"tier {self.tier or 'any'}"]
+        if self.gpu:
+            parts.append(f"gpu {self.gpu}")
+        parts += [f"tp {self.tp}", f"bs {','.join(map(str, self.block_size))}",
+                  f"kv {','.join(self.kv_cache_dtype)}"]
+        if self.quantization:
+            parts.append(f"quant {self.quantization}")
+        if self.workload:
+            parts.append(f"workload {self.workload.name}")
+        if self.budgets:
+            parts.append("budgets " + "; ".join(b.describe() for b in self.budgets))
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A whole matrix: its models, workloads and entries (in the file's order), and where it came from."""
+
+    source: str
+    models: dict[str, Model]
+    workloads: dict[str, Workload]
+    entries: tuple[Entry, ...]
+
+    def for_suite(self, suite: str) -> list[Entry]:
+        """The entries that name *suite*, in order."""
+        return [e for e in self.entries if suite in e.suites]
+
+
+def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f"; accepted: {', '.join(choices)}"
+
+
+class _Reader:
+    """Checks the fields of one table, each error naming the file and the field."""
+
+    def __init__(self, source: str, where: str, table: object, fields: tuple[str, ...]) -> None:
+        self.source, self.where = source, where
+        self.prefix = f"{where}." if where else ""
+        if not isinstance(table, dict):
+            raise MatrixError(f"{source}: {where}: must be a table, got {type(table).__name__}")
+        self.table: dict[str, Any] = table
+        for key in table:
+            if key not in fields:
+                raise MatrixError(f"{source}: {self.prefix}{key}: unknown field{_suggest(key, fields)}")
+
+    def fail(self, key: str, message: str) -> MatrixError:
+        """The error for field *key*."""
+        return MatrixError(f"{self.source}: {self.prefix}{key}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
+        """Field *key*, checked to be a *kind* (bools are not numbers)."""
+        if key not in self.table:
+            if required:
+                raise MatrixError(f"{self.source}: {self.prefix}{key}: missing field")
+            return default
+        value = self.table[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self.fail(key, f"must be {names}, got {type(value).__name__} {value!r}")
+        return value
+
+    def items(self, key: str, kind: type, default: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Field *key* as a tuple: one *kind* or a non-empty list of them."""
+        value = self.get(key, (kind, list), None)
+        if value is None:
+            return default
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise self.fail(key, "must not be empty")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, kind):
+                raise self.fail(key, f"must be {kind.__name__} or a list of them, got {type(v).__name__} {v!r}")
+        if len(set(values)) != len(values):
+            raise self.fail(key, f"lists a value twice: {values}")
+        return tuple(values)
+
+
+def parse_budget(source: str, where: str, metric: str, text: object) -> Budget:
+    """The budget ``<= 74 GiB`` / ``>= 400000`` / ``<= 250 ms`` on *metric*; :class:`MatrixError` naming
+    *where* when it is not one."""
+    if not isinstance(text, str):
+        raise MatrixError(f"{source}: {where}.{metric}: must be a string like \"<= 74 GiB\" or \">= 400000\", "
+                          f"got {type(text).__name__} {text!r}")
+    m = _BUDGET.match(text)
+    if m is None:
+        raise MatrixError(f"{source}: {where}.{metric}: {text!r} is not a budget; write \"<= NUMBER [UNIT]\" or "
+                          f"\">= NUMBER [UNIT]\"")
+    op, number, unit = m.group(1), float(m.group(2).replace("_", "").replace(",", "")), m.group(3)
+    if not unit:
+        return Budget(metric, op, number, None, text.strip())
+    if unit in _BYTE_UNITS:
+        return Budget(metric, op, number * _BYTE_UNITS[unit], "B", text.strip())
+    if unit in _TIME_UNITS:
+        return Budget(metric, op, number * _TIME_UNITS[unit], "s", text.strip())
+    units = (*_BYTE_UNITS, *_TIME_UNITS)
+    raise MatrixError(f"{source}: {where}.{metric}: unknown unit {unit!r}{_suggest(unit, units)}")
+
+
+def _model(source: str, name: str, table: object, configs: list[str] | None) -> Model:
+    r = _Reader(source, f"models.{name}", table, ("config", "checkpoint", "moe_routing_skew"))
+    config = r.get("config", str, name)
+    if configs is not None and config not in configs:
+        raise r.fail("config", f"no folder {config!r} under fixtures/models{_suggest(config, configs)}")
+    skew = r.get("moe_routing_skew", (int, float))
+    if skew is not None and not 0 <= skew:
+        raise r.fail("moe_routing_skew", f"must be >= 0, got {skew}")
+    return Model(name, config, r.get("checkpoint", str), None if skew is None else float(skew))
+
+
+def _workload(source: str, name: str, table: object) -> Workload:
+    r = _Reader(source, f"workloads.{name}", table,
+                ("builtin", "trace", "params", "requests", "seed", "arrival_rate"))
+    builtin, trace = r.get("builtin", str), r.get("trace", str)
+    if (builtin is None) == (trace is None):
+        raise MatrixError(f"{source}: workloads.{name}: give one of builtin (a generator: "
+                          f"{', '.join(GENERATORS)}) or trace (a saved trace's name)")
+    if builtin is not None and builtin not in GENERATORS:
+        raise r.fail("builtin", f"unknown generator {builtin!r}{_suggest(builtin, tuple(GENERATORS))}")
+    if trace is not None and r.table.get("params"):
+        raise r.fail("params", "a trace takes no generator parameters")
+    requests = r.get("requests", int)
+    if requests is not None and requests < 1:
+        raise r.fail("requests", f"must be >= 1, got {requests}")
+    rate = r.get("arrival_rate", (int, float))
+    if rate is not None and not rate > 0:
+        raise r.fail("arrival_rate", f"must be a positive number of requests per second, got {rate}")
+    return Workload(name, builtin, trace, dict(r.get("params", dict, {})), requests, r.get("seed", int),
+                    None if rate is None else float(rate))
+
+
+ENTRY_FIELDS = ("suites", "model", "tier", "gpu", "tp", "dtype", "kv_cache_dtype", "block_size", "quantization",
+                "workload", "nightly", "budgets")
+
+
+def _entry(source: str, index: int, table: object, models: dict[str, Model],
+           workloads: dict[str, Workload]) -> Entry:
+    where = f"entries[{index}]"
+    r = _Reader(source, where, table, ENTRY_FIELDS)
+    suites = r.items("suites", str, ())
+    if not suites:
+        raise MatrixError(f"{source}: {where}.suites: missing field")
+    for s in suites:
+        if s not in SUITES:
+            raise r.fail("suites", f"unknown suite {s!r}{_suggest(s, SUITES)}")
+    model = r.get("model", str, required=True)
+    if model not in models:
+        raise r.fail("model", f"no [models.{model}] in this file{_suggest(model, tuple(models) or ('(none)',))}")
+    tier = r.get("tier", str)
+    if tier is not None and tier not in TIERS:
+        raise r.fail("tier", f"unknown tier {tier!r}; accepted: {', '.join(TIERS)}")
+    gpu = r.get("gpu", str)
+    if gpu is not None and tier == "cpu":
+        raise r.fail("gpu", f"a GPU class ({gpu!r}) on the cpu tier")
+    tp = r.get("tp", int, 1)
+    if tp < 1:
+        raise r.fail("tp", f"must be >= 1, got {tp}")
+    block_size = r.items("block_size", int, (16,))
+    if any(b < 1 for b in block_size):
+        raise r.fail("block_size", f"must be positive, got {list(block_size)}")
+    workload = r.get("workload", str)
+    if workload is not None and workload not in workloads:
+        raise r.fail("workload",
+                     f"no [workloads.{workload}] in this file{_suggest(workload, tuple(workloads) or ('(none)',))}")
+    budgets_table = r.get("budgets", dict, {})
+    budgets = tuple(parse_budget(source, f"{where}.budgets", k, v) for k, v in budgets_table.items())
+    return Entry(index, suites, models[model], tier, gpu, tp, r.get("dtype", str, "bfloat16"),
+                 r.items("kv_cache_dtype", str, ("auto",)), block_size, r.get("quantization", str),
+                 None if workload is None else workloads[workload], r.get("nightly", str), budgets)
+
+
+def parse_matrix(text: str, source: str, root: Path | None = None) -> Matrix:
+    """The matrix in TOML *text* (from *source*, named in errors); model configs are checked against
+    ``<root>/fixtures/models`` when *root* is given."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MatrixError(f"{source}: not valid TOML: {exc}") from None
+    top = _Reader(source, "", data, ("models", "workloads", "entries"))
+    configs = available_models(root) if root is not None else None
+    models_table = top.get("models", dict, {})
+    models = {name: _model(source, name, t, configs) for name, t in models_table.items()}
+    workloads = {name: _workload(source, name, t) for name, t in top.get("workloads", dict, {}).items()}
+    entries = top.get("entries", list, [])
+    return Matrix(source, models, workloads,
+                  tuple(_entry(source, i, t, models, workloads) for i, t in enumerate(entries)))
+
+
+def load_matrix(path: Path, root: Path | None = None) -> Matrix:
+    """The matrix in the file *path* (see :func:`parse_matrix`); errors name it relative to *root* when under it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MatrixError(f"{path}: cannot read the matrix: {exc.strerror or exc}") from None
+    source = str(path)
+    if root is not None and path.resolve().is_relative_to(root.resolve()):
+        source = str(path.resolve().relative_to(root.resolve()))
+    return parse_matrix(text, source, root)

@@ -1,0 +1,66 @@
+"""Which entries of a matrix run on this machine, and why the others do not.
+
+Note [matrix selection]: an entry for another engine tier (``cpu``/``gpu``) or
+another GPU class (a class the hardware key does not contain) is not collected
+at all, so each machine's node ids are those of its own entries (baselines are
+keyed by node id); ``vramgate matrix`` lists them with the reason. An entry of
+this tier and class whose TP size needs more GPUs than the machine has is
+collected and skipped with the reason, and so is one whose workload is a trace not imported yet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vramgate.matrix.loader import Entry
+from vramgate.workloads import workloads_dir
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What selection needs of a machine: its engine tier, hardware key and GPU count."""
+
+    tier: str
+    hardware_key: str
+    gpu_count: int
+
+
+def gpu_class(name: str) -> str:
+    """*name* as the hardware key spells a GPU class: lower case, runs of other characters as ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def not_here(entry: Entry, tier: str, machine: Callable[[], Machine]) -> str | None:
+    """Why *entry* is not collected on a machine of engine tier *tier* (Note [matrix selection]), or None.
+
+    *machine* is called only when the entry names a GPU class (reading the hardware may take a moment).
+    """
+    if entry.tier is not None and entry.tier != tier:
+        return f"entry for the {entry.tier} tier; this machine's engine tier is {tier}"
+    if entry.gpu is not None:
+        key = machine().hardware_key
+        if gpu_class(entry.gpu) not in key:
+            return f"entry for GPU class {entry.gpu}; this machine's hardware key is {key}"
+    return None
+
+
+def skip_here(entry: Entry, machine: Machine) -> str | None:
+    """Why a collected *entry* skips on *machine* (too few GPUs for its TP size), or None."""
+    if machine.tier == "gpu" and entry.tp > machine.gpu_count:
+        return f"TP {entry.tp} needs {entry.tp} GPUs; this machine has {machine.gpu_count}"
+    return None
+
+
+def missing_trace(entry: Entry, root: Path) -> str | None:
+    """Why *entry*'s workload cannot run yet (its trace is not saved under ``<root>/fixtures/workloads``), or None.
+
+    A matrix may name a trace before it is imported (``--check`` accepts it); its cases skip until it is there.
+    """
+    wl = entry.workload
+    if wl is None or wl.trace is None or (workloads_dir(root) / f"{wl.trace}.json").is_file():
+        return None
+    return (f"workload {wl.name}: trace {wl.trace!r} is not imported yet (no fixtures/workloads/{wl.trace}.json; "
+            "vramgate trace import writes it)")

@@ -1,0 +1,246 @@
+"""The ``gate_matrix`` mark: a suite's test parametrized by the project's matrix (``vramgate.toml``).
+
+``@pytest.mark.gate_matrix("kv_cache", id="{model}-bs{block_size}-{kv_cache_dtype}")`` gives the test one case
+per entry of the matrix that names the suite and runs on this machine (Note [matrix selection] in
+:mod:`vramgate.matrix.select`), times the entry's block sizes and KV dtypes when the test takes
+``block_size``/``kv_cache_dtype``. The arguments a test may take:
+
+* ``model``: the entry's config folder under ``fixtures/models`` (the id's ``{model}`` is the matrix's name);
+* ``block_size``, ``kv_cache_dtype``: one of the entry's (each a case); ``block_sizes``, ``kv_cache_dtypes``:
+  all of them, as a tuple;
+* ``dtype``, ``tp``, ``quantization``;
+* ``matrix_case``: a :class:`MatrixCase`, whose :meth:`~MatrixCase.engine_spec` applies the entry to an
+  engine spec (dtype, TP, KV dtype, quantization, workload, and real weights where the tier allows).
+
+Cases with the same id are one case. Each case carries its entry: after the test's call the entry's budgets
+become ceilings and floors of the metrics the test recorded under the same names, and a test that takes
+``matrix_case`` gets a report section saying which weights it ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramgate.engine import EngineSpec, engine_tier
+from vramgate.matrix import (
+    Budget,
+    Entry,
+    Machine,
+    Matrix,
+    MatrixError,
+    missing_trace,
+    not_here,
+    project_matrix,
+    skip_here,
+)
+
+#: The mark's line in ``pytest --markers``.
+MARKER_HELP = ("gate_matrix(suite, *, id): parametrize the test's model, block_size, kv_cache_dtype, ... by the "
+               "entries of the project's matrix (vramgate.toml) that name SUITE and run on this machine; ID is "
+               "the case id, a format string of those names")
+#: The mark each case carries: its entry.
+ENTRY_MARKER_HELP = "gate_matrix_entry(entry): the matrix entry of a case of a gate_matrix test (set by the mark)"
+#: The ini setting and option that name the matrix file.
+MATRIX_OPTION = "gate_matrix"
+
+#: The arguments the mark fills, and what each takes from an entry.
+ARGUMENTS = ("model", "block_size", "kv_cache_dtype", "block_sizes", "kv_cache_dtypes", "dtype", "tp",
+             "quantization", "matrix_case")
+_STASH = pytest.StashKey[Matrix]()
+
+
+@dataclass(frozen=True)
+class MatrixCase:
+    """One case of a ``gate_matrix`` test: its entry, block size and KV dtype, on this engine tier."""
+
+    entry: Entry
+    block_size: int
+    kv_cache_dtype: str
+    tier: str
+
+    @property
+    def real_weights(self) -> bool:
+        """Whether the engine loads the entry's checkpoint (the GPU tier, a checkpoint declared)."""
+        return self.tier == "gpu" and self.entry.model.checkpoint is not None
+
+    def engine_spec(self, base: EngineSpec) -> EngineSpec:
+        """*base* with the entry's model config, dtype, TP size, KV dtype, block size, quantization, workload and
+        weights (the default entries change nothing: a spec's key stays what it was)."""
+        entry = self.entry
+        changes: dict[str, Any] = dict(
+            model=entry.model.config, dtype=entry.dtype, tensor_parallel_size=entry.tp, block_size=self.block_size,
+            kv_cache_dtype=self.kv_cache_dtype, quantization=entry.quantization,
+        )
+        if entry.workload is not None:
+            wl = entry.workload
+            changes.update(workload=wl.engine_name, workload_params=dict(wl.params))
+            if wl.requests is not None:
+                changes["requests"] = wl.requests
+            if wl.seed is not None:
+                changes["seed"] = wl.seed
+            if wl.arrival_rate is not None:
+                changes["arrival_rate"] = wl.arrival_rate
+        if self.real_weights:
+            changes["engine_args"] = {**base.engine_args, "model": entry.model.checkpoint, "load_format": "auto"}
+        return base.replace(**changes)
+
+    def weights_note(self) -> str:
+        """The line the report carries: which weights the engine ran."""
+        model = self.entry.model
+        if self.real_weights:
+            return f"weights: {model.name} from the checkpoint {model.checkpoint}"
+        if model.checkpoint is not None:
+            return f"weights: dummy (the {model.name} checkpoint loads on the GPU tier only; this is {self.tier})"
+        return f"weights: dummy (the matrix names no checkpoint for {model.name})"
+
+
+def mark_arguments(suite: str, *, id: str) -> tuple[str, str]:
+    """The ``gate_matrix`` mark's signature."""
+    return suite, id
+
+
+def session_matrix(config: pytest.Config) -> Matrix:
+    """The session's matrix (read once): ``--gate-matrix``/ini ``gate_matrix``, else the project's
+    ``vramgate.toml``, else the built-in default; a bad file stops the run naming the file and field."""
+    matrix = config.stash.get(_STASH, None)
+    if matrix is None:
+        file = config.getoption(MATRIX_OPTION, None) or config.getini(MATRIX_OPTION) or None
+        try:
+            matrix = project_matrix(config.rootpath, file)
+        except MatrixError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.stash[_STASH] = matrix
+    return matrix
+
+
+@functools.cache
+def this_machine() -> Machine:
+    """This machine's tier, hardware key and GPU count (read once, when an entry needs them)."""
+    from vramgate.machine import hardware
+
+    fp = hardware.detect()
+    return Machine(engine_tier(), fp.key, len(fp.gpus))
+
+
+def _values(case: MatrixCase, argnames: list[str]) -> dict[str, Any]:
+    entry = case.entry
+    every: dict[str, Any] = dict(
+        model=entry.model.config, block_size=case.block_size, kv_cache_dtype=case.kv_cache_dtype,
+        block_sizes=entry.block_size, kv_cache_dtypes=entry.kv_cache_dtype, dtype=entry.dtype, tp=entry.tp,
+        quantization=entry.quantization, matrix_case=case,
+    )
+    return {name: every[name] for name in argnames}
+
+
+def matrix_params(matrix: Matrix, suite: str, argnames: list[str], id_format: str, nodeid: str,
+                  tier: str, root: Path) -> list[Any]:
+    """The parameters (``pytest.param``) of a test that takes *argnames*, from *matrix*'s entries for *suite*."""
+    params: list[Any] = []
+    seen: dict[str, dict[str, Any]] = {}
+    for entry in matrix.for_suite(suite):
+        if not_here(entry, tier, this_machine) is not None:
+            continue
+        block_sizes = entry.block_size if "block_size" in argnames else entry.block_size[:1]
+        kv_dtypes = entry.kv_cache_dtype if "kv_cache_dtype" in argnames else entry.kv_cache_dtype[:1]
+        marks: list[Any] = [pytest.mark.gate_matrix_entry(entry)]
+        if entry.nightly is not None:
+            marks.append(pytest.mark.gate_nightly(entry.nightly))
+        skip = skip_here(entry, this_machine()) if tier == "gpu" and entry.tp > 1 else None
+        skip = skip or missing_trace(entry, root)
+        if skip is not None:
+            marks.append(pytest.mark.skip(reason=f"matrix entries[{entry.index}]: {skip}"))
+        for block_size, kv_dtype in itertools.product(block_sizes, kv_dtypes):
+            case = MatrixCase(entry, block_size, kv_dtype, tier)
+            fields = dict(model=entry.model.name, block_size=block_size, kv_cache_dtype=kv_dtype, dtype=entry.dtype,
+                          tp=entry.tp, quantization=entry.quantization or "none")
+            try:
+                case_id = id_format.format(**fields)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise pytest.UsageError(f"{nodeid}: gate_matrix id {id_format!r}: {exc!r}; names: "
+                                        f"{', '.join(fields)}") from None
+            values = _values(case, argnames)
+            comparable = {k: v for k, v in values.items() if k != "matrix_case"}
+            if case_id in seen:
+                if seen[case_id] != comparable:
+                    raise pytest.UsageError(f"{matrix.source}: entries[{entry.index}] gives {nodeid} a second case "
+                                            f"with id {case_id!r} but other arguments ({comparable} vs "
+                                            f"{seen[case_id]})")
+                continue
+            seen[case_id] = comparable
+            params.append(pytest.param(*values.values(), id=case_id, marks=marks))
+    return params
+
+
+def parametrize_matrix(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a test marked ``gate_matrix`` (called from ``pytest_generate_tests``)."""
+    mark = metafunc.definition.get_closest_marker("gate_matrix")
+    if mark is None:
+        return
+    nodeid = metafunc.definition.nodeid
+    try:
+        suite, id_format = mark_arguments(*mark.args, **mark.kwargs)
+    except TypeError as exc:
+        raise pytest.UsageError(f"{nodeid}: bad arguments to marker gate_matrix: {exc}") from None
+    argnames = [name for name in ARGUMENTS if name in metafunc.fixturenames]
+    if "model" not in argnames:
+        raise pytest.UsageError(f"{nodeid}: marked gate_matrix but takes no argument 'model'")
+    params = matrix_params(session_matrix(metafunc.config), suite, argnames, id_format, nodeid, engine_tier(),
+                           metafunc.config.rootpath)
+    metafunc.parametrize(argnames, params)
+
+
+def case_entry(item: pytest.Item) -> Entry | None:
+    """The matrix entry of a ``gate_matrix`` case, or None."""
+    mark = item.get_closest_marker("gate_matrix_entry")
+    return mark.args[0] if mark is not None else None
+
+
+def apply_budgets(budgets: tuple[Budget, ...], metrics: dict[str, Any], where: str) -> list[str]:
+    """Make each of *budgets* a ceiling or floor of the recorded metric of its name (the stricter of it and one
+    the test set); the lines saying what applied. A budget with a byte or time unit on a metric of another unit
+    is a :class:`~vramgate.matrix.MatrixError` naming *where*."""
+    lines = []
+    for budget in budgets:
+        metric = metrics.get(budget.metric)
+        if metric is None:
+            continue
+        if budget.unit is not None and metric.unit != budget.unit:
+            raise MatrixError(f"{where}.budgets.{budget.metric}: {budget.text!r} is in {budget.unit}, but the test "
+                              f"records {budget.metric} in {metric.unit}")
+        if budget.op == "<=":
+            metric.ceiling = budget.value if metric.ceiling is None else min(metric.ceiling, budget.value)
+        else:
+            metric.floor = budget.value if metric.floor is None else max(metric.floor, budget.value)
+        lines.append(f"budget {budget.describe()} ({where})")
+    return lines
+
+
+def budgets_hook(item: pytest.Item) -> Generator[None, Any, Any]:
+    """The body of the ``pytest_runtest_call`` wrapper: the weights note before the call, the entry's budgets on
+    the recorded metrics after it."""
+    entry = case_entry(item)
+    if entry is None:
+        return (yield)
+    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+    case = funcargs.get("matrix_case")
+    where = f"{session_matrix(item.config).source}: entries[{entry.index}]"
+    if isinstance(case, MatrixCase):
+        item.add_report_section("call", "vramgate matrix", case.weights_note())
+    result = yield
+    recorder = funcargs.get("gate")
+    if recorder is not None and entry.budgets:
+        try:
+            lines = apply_budgets(entry.budgets, recorder.metrics, where)
+        except MatrixError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        if lines:
+            item.add_report_section("call", "vramgate matrix budgets", "\n".join(lines))
+    return result
+

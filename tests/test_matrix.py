@@ -1,0 +1,252 @@
+"""The declared matrix: loading and its errors, selection for a machine, the suites' cases, budgets, the command."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramgate.matrix import (
+    MATRIX_FILE,
+    Machine,
+    MatrixError,
+    default_matrix,
+    load_matrix,
+    missing_trace,
+    not_here,
+    parse_matrix,
+    project_matrix,
+    skip_here,
+)
+from vramgate.testing import SMALL_RUN_BLOCK_SIZE, matrix_params
+from vramgate.tools.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD = """
+[models.big]
+config = "llama-3.1-8b"
+checkpoint = "/models/llama"
+
+[models.tiny-llama]
+
+[workloads.team]
+trace = "sharegpt-team"
+
+[workloads.chat]
+builtin = "sharegpt"
+requests = 32
+params = { }
+
+[[entries]]
+suites = ["capacity", "latency"]
+model = "big"
+tier = "gpu"
+gpu = "H100"
+tp = 4
+block_size = [16, 32]
+kv_cache_dtype = ["auto", "fp8"]
+workload = "team"
+[entries.budgets]
+peak_gpu_bytes = "<= 74 GiB"
+capacity_tokens = ">= 400_000"
+ttft = "<= 250 ms"
+
+[[entries]]
+suites = "kv_cache"
+model = "tiny-llama"
+"""
+
+
+def parse(text: str) -> object:
+    return parse_matrix(text, "vramgate.toml", ROOT)
+
+
+def test_a_good_file_loads() -> None:
+    m = parse_matrix(GOOD, "vramgate.toml", ROOT)
+    assert list(m.models) == ["big", "tiny-llama"]
+    assert m.models["big"].config == "llama-3.1-8b" and m.models["tiny-llama"].config == "tiny-llama"
+    big = m.entries[0]
+    assert big.suites == ("capacity", "latency") and big.tp == 4 and big.block_size == (16, 32)
+    assert big.workload is not None and big.workload.trace == "sharegpt-team"
+    assert [(b.metric, b.op, b.value, b.unit) for b in big.budgets] == [
+        ("peak_gpu_bytes", "<=", 74 * 2**30, "B"), ("capacity_tokens", ">=", 400_000, None), ("ttft", "<=", 0.25, "s"),
+    ]
+    assert m.entries[1].suites == ("kv_cache",) and m.entries[1].block_size == (16,)
+    assert m.workloads["chat"].requests == 32 and [e.index for e in m.for_suite("latency")] == [0]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("block_size = [16, 32]", "blok_size = [16, 32]"),
+     "vramgate.toml: entries[0].blok_size: unknown field; did you mean block_size?"),
+    (('suites = "kv_cache"', 'suites = "kv_cahce"'),
+     "vramgate.toml: entries[1].suites: unknown suite 'kv_cahce'; did you mean kv_cache?"),
+    (("tp = 4", 'tp = "4"'), "vramgate.toml: entries[0].tp: must be int, got str '4'"),
+    (("tp = 4", "tp = true"), "vramgate.toml: entries[0].tp: must be int, got bool True"),
+    (('model = "big"', 'model = "bigg"'), "vramgate.toml: entries[0].model: no [models.bigg] in this file; did you "
+                                          "mean big?"),
+    (('workload = "team"', 'workload = "tem"'), "vramgate.toml: entries[0].workload: no [workloads.tem]"),
+    (('config = "llama-3.1-8b"', 'config = "llama-3.1-8"'),
+     "vramgate.toml: models.big.config: no folder 'llama-3.1-8' under fixtures/models; did you mean llama-3.1-8b?"),
+    (('"<= 74 GiB"', '"<= 74 GB/s"'), "vramgate.toml: entries[0].budgets.peak_gpu_bytes: unknown unit 'GB/s'"),
+    (('"<= 74 GiB"', '"74 GiB"'), "vramgate.toml: entries[0].budgets.peak_gpu_bytes: '74 GiB' is not a budget"),
+    (('tier = "gpu"', 'tier = "tpu"'), "vramgate.toml: entries[0].tier: unknown tier 'tpu'; accepted: cpu, gpu"),
+    (('builtin = "sharegpt"', 'builtin = "sharegtp"'),
+     "vramgate.toml: workloads.chat.builtin: unknown generator 'sharegtp'; did you mean sharegpt?"),
+    (("[workloads.team]", "[workload.team]"), "vramgate.toml: workload: unknown field; did you mean workloads?"),
+    (("tp = 4", "tp = 4\ntp = 5"), "vramgate.toml: not valid TOML"),
+])
+def test_errors_name_the_file_and_the_field(edit: tuple[str, str], message: str) -> None:
+    with pytest.raises(MatrixError) as info:
+        parse(GOOD.replace(*edit, 1))
+    assert message in str(info.value)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(MatrixError, match=r"nope\.toml: cannot read the matrix"):
+        load_matrix(tmp_path / "nope.toml")
+
+
+def test_selection_by_tier_gpu_class_and_gpu_count(tmp_path: Path) -> None:
+    big = parse_matrix(GOOD, "vramgate.toml", ROOT).entries[0]
+    h100x2 = Machine("gpu", "gpu-nvidia-h100-80gb-hbm3-x2", 2)
+    assert not_here(big, "cpu", lambda: h100x2) == "entry for the gpu tier; this machine's engine tier is cpu"
+    assert not_here(big, "gpu", lambda: h100x2) is None
+    h200 = Machine("gpu", "gpu-nvidia-h200-x8", 8)
+    assert not_here(big, "gpu", lambda: h200) == ("entry for GPU class H100; this machine's hardware key is "
+                                                  "gpu-nvidia-h200-x8")
+    assert skip_here(big, h100x2) == "TP 4 needs 4 GPUs; this machine has 2"
+    assert skip_here(big, Machine("gpu", "h100", 4)) is None
+    assert "trace 'sharegpt-team' is not imported yet" in (missing_trace(big, tmp_path) or "")
+    (tmp_path / "fixtures" / "workloads").mkdir(parents=True)
+    (tmp_path / "fixtures" / "workloads" / "sharegpt-team.json").write_text("{}")
+    assert missing_trace(big, tmp_path) is None
+
+
+def test_the_shipped_file_is_the_built_in_default_and_gives_todays_cases() -> None:
+    """What the suites collected before the matrix, on both tiers, in the same order."""
+    shipped, default = load_matrix(ROOT / MATRIX_FILE, ROOT), default_matrix()
+    assert shipped.entries == default.entries and shipped.models == default.models
+    assert project_matrix(ROOT / "no-such-project").entries == default.entries
+    models = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
+    kv = matrix_params(default, "kv_cache", ["model", "block_size", "kv_cache_dtype"],
+                       "{model}-bs{block_size}-{kv_cache_dtype}", "t", "cpu", ROOT)
+    assert [p.id for p in kv] == [f"{m}-bs{b}-{d}" for m, b, d in itertools.product(models, [16, 64, 128],
+                                                                                     ["auto", "fp8"])]
+    more = {"cpu": {"tiny-llama": (64, 128)}, "gpu": {"tiny-llama": (32, 128), "tiny-deepseek-v2": (64,)}}
+    for tier, shared in SMALL_RUN_BLOCK_SIZE.items():
+        cap = matrix_params(default, "capacity", ["model", "block_size"], "{model}-bs{block_size}", "t", tier, ROOT)
+        expected = [(f"{m}-bs{b}", b != s) for m, s in shared.items() for b in (s, *more[tier].get(m, ()))]
+        assert [(p.id, any(mk.name == "gate_nightly" for mk in p.marks)) for p in cap] == expected
+        lat = matrix_params(default, "latency", ["model", "block_size"], "{model}", "t", tier, ROOT)
+        assert [(p.id, p.values[1]) for p in lat] == list(shared.items())
+
+
+GATED = """
+import os
+import pytest
+
+@pytest.mark.gate_matrix("capacity", id="{model}-bs{block_size}")
+def test_run(gate, model, block_size, matrix_case):
+    gate.record("capacity_tokens", int(os.environ.get("CAP", "500000")), unit="tokens", better="higher")
+    gate.record("peak_gpu_bytes", int(os.environ.get("PEAK", str(2**30))), unit="B")
+"""
+
+MATRIX = """
+[models.tiny-llama]
+[[entries]]
+suites = ["capacity"]
+model = "tiny-llama"
+block_size = [16, 32]
+[entries.budgets]
+capacity_tokens = ">= 400000"
+peak_gpu_bytes = "<= 74 GiB"
+"""
+
+
+def gated(pytester: pytest.Pytester, matrix: str = MATRIX) -> pytest.Pytester:
+    shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", pytester.path / "fixtures" / "models" / "tiny-llama")
+    pytester.makefile(".toml", vramgate=matrix)
+    pytester.makepyfile(test_cap=GATED)
+    return pytester
+
+
+# In subprocesses: an inner run in this process would load the engine's numerical libraries a second time.
+def test_matrix_budgets_gate_the_recorded_metrics(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    gated(pytester)
+    args = ("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw", "--gate-update", "-rA")
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert "test_run[tiny-llama-bs16]" in out and "test_run[tiny-llama-bs32]" in out
+    assert "weights: dummy (the matrix names no checkpoint for tiny-llama)" in out
+    assert "budget capacity_tokens >= 400000 (vramgate.toml: entries[0])" in out
+    monkeypatch.setenv("CAP", "300000")
+    monkeypatch.setenv("PEAK", str(80 * 2**30))
+    result = pytester.runpytest_subprocess(*args[:-1])
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "capacity_tokens: 300,000 tokens is below its floor 400,000 tokens" in out
+    assert "peak_gpu_bytes: 80.00 GiB is above its ceiling 74.00 GiB" in out
+
+
+def test_a_budget_in_another_unit_fails_naming_the_entry(pytester: pytest.Pytester) -> None:
+    gated(pytester, MATRIX.replace('">= 400000"', '">= 4 GiB"'))
+    result = pytester.runpytest_subprocess("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw",
+                                           "--gate-update")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*vramgate.toml: entries[[]0[]].budgets.capacity_tokens: '>= 4 GiB' is in B, but "
+                                 "the test records capacity_tokens in tokens*"])
+
+
+def test_a_bad_matrix_stops_collection(pytester: pytest.Pytester) -> None:
+    gated(pytester, MATRIX.replace("block_size", "blocksize"))
+    result = pytester.runpytest_subprocess("-p", "vramgate.testing.fixtures", "--gate-hardware", "test-hw")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "vramgate.toml: entries[0].blocksize: unknown field; did you mean block_size?" in result.stderr.str()
+
+
+def test_adding_a_model_adds_its_cases_to_the_kv_capacity_and_latency_suites(tmp_path: Path) -> None:
+    """A third tiny config in the matrix file: new cases in three suites, no suite code edited."""
+    project = tmp_path / "project"
+    for part in ("conftest.py", "pyproject.toml", "suites/kv_cache", "suites/capacity", "suites/latency",
+                 "fixtures/models"):
+        copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
+        (project / part).parent.mkdir(parents=True, exist_ok=True)
+        copy(ROOT / part, project / part)
+    shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", project / "fixtures" / "models" / "tiny-llama-b")
+    added = ('\n[models.tiny-llama-b]\n[[entries]]\nsuites = ["kv_cache", "capacity", "latency"]\n'
+             'model = "tiny-llama-b"\nblock_size = 32\n')
+    (project / MATRIX_FILE).write_text((ROOT / MATRIX_FILE).read_text(encoding="utf-8") + added, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "--rootdir", str(project)], cwd=project, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    ids = out.stdout.splitlines()
+    assert "suites/kv_cache/test_kv_pages.py::test_kv_page_and_capacity[tiny-llama-b-bs32-auto]" in ids
+    assert "suites/kv_cache/test_kv_pages.py::test_bytes_per_token_do_not_depend_on_block_size[tiny-llama-b]" in ids
+    assert "suites/capacity/test_capacity.py::test_engine_kv_capacity[tiny-llama-b-bs32]" in ids
+    assert "suites/latency/test_latency.py::test_engine_latency[tiny-llama-b]" in ids
+    assert "suites/kv_cache/test_kv_pages.py::test_kv_page_and_capacity[llama-3.1-8b-bs16-auto]" in ids
+
+
+def test_the_command_checks_and_lists(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["matrix", "--check", "--root", str(ROOT), "--file", "examples/team-matrix.toml"]) == 0
+    assert "examples/team-matrix.toml: 2 models, 2 workloads, 4 entries: valid" in capsys.readouterr().out
+    team = (ROOT / "examples" / "team-matrix.toml").read_text(encoding="utf-8")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(team.replace("kv_cache_dtype = \"fp8\"", "kv_cache_dtyp = \"fp8\""), encoding="utf-8")
+    assert main(["matrix", "--check", "--root", str(ROOT), "--file", str(bad)]) == 1
+    assert (f"{bad}: entries[3].kv_cache_dtyp: unknown field; did you mean kv_cache_dtype?"
+            in capsys.readouterr().err)
+    assert main(["matrix", "--root", str(ROOT), "--file", "examples/team-matrix.toml"]) == 0
+    out = capsys.readouterr().out
+    assert "entries[0] llama-3.1-8b, suites kv_cache" in out and "runs here" in out
+    assert "entries[3] deepseek-v3, suites capacity,latency, tier gpu, gpu h200, tp 8" in out
