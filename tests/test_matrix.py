@@ -53,7 +53,7 @@ block_size = [16, 32]
 kv_cache_dtype = ["auto", "fp8"]
 workload = "team"
 [entries.budgets]
-peak_gpu_bytes = "<= 74 GiB"
+weights_bytes = "<= 74 GiB"
 capacity_tokens = ">= 400_000"
 ttft = "<= 250 ms"
 
@@ -75,7 +75,7 @@ def test_a_good_file_loads() -> None:
     assert big.suites == ("capacity", "latency") and big.tp == 4 and big.block_size == (16, 32)
     assert big.workload is not None and big.workload.trace == "sharegpt-team"
     assert [(b.metric, b.op, b.value, b.unit) for b in big.budgets] == [
-        ("peak_gpu_bytes", "<=", 74 * 2**30, "B"), ("capacity_tokens", ">=", 400_000, None), ("ttft", "<=", 0.25, "s"),
+        ("weights_bytes", "<=", 74 * 2**30, "B"), ("capacity_tokens", ">=", 400_000, None), ("ttft", "<=", 0.25, "s"),
     ]
     assert m.entries[1].suites == ("kv_cache",) and m.entries[1].block_size == (16,)
     assert m.workloads["chat"].requests == 32 and [e.index for e in m.for_suite("latency")] == [0]
@@ -93,9 +93,11 @@ def test_a_good_file_loads() -> None:
     (('workload = "team"', 'workload = "tem"'), "vramgate.toml: entries[0].workload: no [workloads.tem]"),
     (('config = "llama-3.1-8b"', 'config = "llama-3.1-8"'),
      "vramgate.toml: models.big.config: no folder 'llama-3.1-8' under fixtures/models; did you mean llama-3.1-8b?"),
-    (('"<= 74 GiB"', '"<= 74 GB/s"'), "vramgate.toml: entries[0].budgets.peak_gpu_bytes: unknown unit 'GB/s'"),
-    (('"<= 74 GiB"', '"74 GiB"'), "vramgate.toml: entries[0].budgets.peak_gpu_bytes: '74 GiB' is not a budget"),
+    (('"<= 74 GiB"', '"<= 74 GB/s"'), "vramgate.toml: entries[0].budgets.weights_bytes: unknown unit 'GB/s'"),
+    (('"<= 74 GiB"', '"74 GiB"'), "vramgate.toml: entries[0].budgets.weights_bytes: '74 GiB' is not a budget"),
     (('tier = "gpu"', 'tier = "tpu"'), "vramgate.toml: entries[0].tier: unknown tier 'tpu'; accepted: cpu, gpu"),
+    (("weights_bytes =", "weight_bytes ="), "vramgate.toml: entries[0].budgets.weight_bytes: no suite of this entry "
+                                            "records a metric of that name; did you mean weights_bytes?"),
     (('builtin = "sharegpt"', 'builtin = "sharegtp"'),
      "vramgate.toml: workloads.chat.builtin: unknown generator 'sharegtp'; did you mean sharegpt?"),
     (("[workloads.team]", "[workload.team]"), "vramgate.toml: workload: unknown field; did you mean workloads?"),
@@ -154,7 +156,7 @@ import pytest
 @pytest.mark.gate_matrix("capacity", id="{model}-bs{block_size}")
 def test_run(gate, model, block_size, matrix_case):
     gate.record("capacity_tokens", int(os.environ.get("CAP", "500000")), unit="tokens", better="higher")
-    gate.record("peak_gpu_bytes", int(os.environ.get("PEAK", str(2**30))), unit="B")
+    gate.record("weights_bytes", int(os.environ.get("PEAK", str(2**30))), unit="B")
 """
 
 MATRIX = """
@@ -165,7 +167,7 @@ model = "tiny-llama"
 block_size = [16, 32]
 [entries.budgets]
 capacity_tokens = ">= 400000"
-peak_gpu_bytes = "<= 74 GiB"
+weights_bytes = "<= 74 GiB"
 """
 
 
@@ -192,7 +194,7 @@ def test_matrix_budgets_gate_the_recorded_metrics(pytester: pytest.Pytester, mon
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert "capacity_tokens: 300,000 tokens is below its floor 400,000 tokens" in out
-    assert "peak_gpu_bytes: 80.00 GiB is above its ceiling 74.00 GiB" in out
+    assert "weights_bytes: 80.00 GiB is above its ceiling 74.00 GiB" in out
 
 
 def test_a_budget_in_another_unit_fails_naming_the_entry(pytester: pytest.Pytester) -> None:
@@ -250,3 +252,23 @@ def test_the_command_checks_and_lists(capsys: pytest.CaptureFixture[str], tmp_pa
     out = capsys.readouterr().out
     assert "entries[0] llama-3.1-8b, suites kv_cache" in out and "runs here" in out
     assert "entries[3] deepseek-v3, suites capacity,latency, tier gpu, gpu h200, tp 8" in out
+
+
+def test_the_suites_record_the_metrics_budgets_may_name() -> None:
+    """SUITE_METRICS is what each matrix suite's code records (a budget on another name could never fail)."""
+    import re
+
+    from vramgate.matrix.loader import SUITE_METRICS
+
+    root = Path(__file__).resolve().parents[1]
+    for suite, names in SUITE_METRICS.items():
+        code = "".join(p.read_text() for p in (root / "suites" / suite).glob("test_*.py"))
+        recorded = set(re.findall(r'gate\.record(?:_samples|_paired)?\(\s*"([a-z0-9_]+)"', code))
+        assert recorded == set(names), suite
+
+
+def test_the_readme_shows_the_team_matrix_that_is_checked() -> None:
+    """The README's team matrix is examples/team-matrix.toml, which the unit env checks."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert "```toml\n" + (root / "examples" / "team-matrix.toml").read_text() + "```" in readme

@@ -38,6 +38,13 @@ from vramgate.workloads import GENERATORS
 
 #: The suites an entry may name (the folders under ``suites/`` that parametrize from the matrix).
 SUITES = ("kv_cache", "capacity", "latency")
+#: The metrics each suite records, which an entry's budgets may name (a budget on a metric no suite of its entry
+#: records could never fail; tests/test_matrix.py keeps this in step with the suites' code).
+SUITE_METRICS: dict[str, tuple[str, ...]] = {
+    "kv_cache": ("page_bytes", "bytes_per_token", "kv_blocks_per_gib", "capacity_tokens_per_gib"),
+    "capacity": ("page_bytes", "num_gpu_blocks", "capacity_tokens", "weights_bytes"),
+    "latency": ("ttft", "tpot", "e2e", "request_throughput"),
+}
 #: The engine tiers an entry may name.
 TIERS = ("cpu", "gpu")
 #: The file a project's matrix lives in, at its root.
@@ -61,8 +68,6 @@ class Model:
     config: str
     checkpoint: str | None = None
     """A local folder of real weights (loaded offline on the GPU tier); None: dummy weights."""
-    moe_routing_skew: float | None = None
-    """For a mixture-of-experts model: how unevenly tokens reach experts (suites that model routing read it)."""
 
 
 @dataclass(frozen=True)
@@ -225,14 +230,11 @@ def parse_budget(source: str, where: str, metric: str, text: object) -> Budget:
 
 
 def _model(source: str, name: str, table: object, configs: list[str] | None) -> Model:
-    r = _Reader(source, f"models.{name}", table, ("config", "checkpoint", "moe_routing_skew"))
+    r = _Reader(source, f"models.{name}", table, ("config", "checkpoint"))
     config = r.get("config", str, name)
     if configs is not None and config not in configs:
         raise r.fail("config", f"no folder {config!r} under fixtures/models{_suggest(config, configs)}")
-    skew = r.get("moe_routing_skew", (int, float))
-    if skew is not None and not 0 <= skew:
-        raise r.fail("moe_routing_skew", f"must be >= 0, got {skew}")
-    return Model(name, config, r.get("checkpoint", str), None if skew is None else float(skew))
+    return Model(name, config, r.get("checkpoint", str))
 
 
 def _workload(source: str, name: str, table: object) -> Workload:
@@ -291,6 +293,11 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
                      f"no [workloads.{workload}] in this file{_suggest(workload, tuple(workloads) or ('(none)',))}")
     budgets_table = r.get("budgets", dict, {})
     budgets = tuple(parse_budget(source, f"{where}.budgets", k, v) for k, v in budgets_table.items())
+    recorded = sorted({m for suite in suites for m in SUITE_METRICS.get(suite, ())})
+    for budget in budgets:
+        if budget.metric not in recorded:
+            raise MatrixError(f"{source}: {where}.budgets.{budget.metric}: no suite of this entry records a metric of "
+                              f"that name{_suggest(budget.metric, recorded)} (they record: {', '.join(recorded)})")
     return Entry(index, suites, models[model], tier, gpu, tp, r.get("dtype", str, "bfloat16"),
                  r.items("kv_cache_dtype", str, ("auto",)), block_size, r.get("quantization", str),
                  None if workload is None else workloads[workload], r.get("nightly", str), budgets)
