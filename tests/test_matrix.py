@@ -49,7 +49,7 @@ model = "big"
 tier = "gpu"
 gpu = "H100"
 tp = 4
-block_size = [16, 32]
+block_size = 32
 kv_cache_dtype = ["auto", "fp8"]
 workload = "team"
 [entries.budgets]
@@ -72,7 +72,7 @@ def test_a_good_file_loads() -> None:
     assert list(m.models) == ["big", "tiny-llama"]
     assert m.models["big"].config == "llama-3.1-8b" and m.models["tiny-llama"].config == "tiny-llama"
     big = m.entries[0]
-    assert big.suites == ("capacity", "latency") and big.tp == 4 and big.block_size == (16, 32)
+    assert big.suites == ("capacity", "latency") and big.tp == 4 and big.block_size == (32,)
     assert big.workload is not None and big.workload.trace == "sharegpt-team"
     assert [(b.metric, b.op, b.value, b.unit) for b in big.budgets] == [
         ("weights_bytes", "<=", 74 * 2**30, "B"), ("capacity_tokens", ">=", 400_000, None), ("ttft", "<=", 0.25, "s"),
@@ -82,7 +82,7 @@ def test_a_good_file_loads() -> None:
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (("block_size = [16, 32]", "blok_size = [16, 32]"),
+    (("block_size = 32", "blok_size = 32"),
      "vramgate.toml: entries[0].blok_size: unknown field; did you mean block_size?"),
     (('suites = "kv_cache"', 'suites = "kv_cahce"'),
      "vramgate.toml: entries[1].suites: unknown suite 'kv_cahce'; did you mean kv_cache?"),
@@ -96,6 +96,8 @@ def test_a_good_file_loads() -> None:
     (('"<= 74 GiB"', '"<= 74 GB/s"'), "vramgate.toml: entries[0].budgets.weights_bytes: unknown unit 'GB/s'"),
     (('"<= 74 GiB"', '"74 GiB"'), "vramgate.toml: entries[0].budgets.weights_bytes: '74 GiB' is not a budget"),
     (('tier = "gpu"', 'tier = "tpu"'), "vramgate.toml: entries[0].tier: unknown tier 'tpu'; accepted: cpu, gpu"),
+    (("block_size = 32", "block_size = [16, 32]"),
+     "vramgate.toml: entries[0].block_size: the latency suite runs one block size per entry"),
     (("weights_bytes =", "weight_bytes ="), "vramgate.toml: entries[0].budgets.weight_bytes: no suite of this entry "
                                             "records a metric of that name; did you mean weights_bytes?"),
     (('builtin = "sharegpt"', 'builtin = "sharegtp"'),

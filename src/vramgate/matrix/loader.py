@@ -287,6 +287,9 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
     block_size = r.items("block_size", int, (16,))
     if any(b < 1 for b in block_size):
         raise r.fail("block_size", f"must be positive, got {list(block_size)}")
+    if "latency" in suites and len(block_size) > 1:
+        raise r.fail("block_size", f"the latency suite runs one block size per entry (its cases are named by the "
+                                   f"model), got {list(block_size)}: give one, or an entry of its own for the others")
     workload = r.get("workload", str)
     if workload is not None and workload not in workloads:
         raise r.fail("workload",

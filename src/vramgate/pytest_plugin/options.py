@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from vramgate.report.export import EXPORT_FILES, parse_export
+from vramgate.runtime.engine_env import ENGINE_PYTHON_VAR
 
 MISSING_POLICIES = ("fail", "record", "skip")
 UPDATE_SCOPES = ("all", "portable", "machine")
@@ -173,6 +175,9 @@ def read_options(config: pytest.Config) -> GateOptions:
     shard, _ = opt("gate_shard")
     hygiene, _ = opt("gate_hygiene")
     engine_python, python_dir = opt("gate_engine_python")
+    if not engine_python and os.environ.get(ENGINE_PYTHON_VAR):
+        # The variable alone names it too (a parent run, a CI job): checked and recorded as the option would be.
+        engine_python, python_dir = os.environ[ENGINE_PYTHON_VAR], config.invocation_params.dir
     upgrade_from, from_dir = opt("gate_upgrade_from")
     plan = bool(config.getoption("gate_plan"))
     if plan:

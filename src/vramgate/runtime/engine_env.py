@@ -87,6 +87,7 @@ def engine_python() -> str:
 
 
 def _env(python: str, data: dict[str, Any]) -> EngineEnv:
+    """The environment of *python* from what :func:`~vramgate.machine.software.interpreter_facts` read."""
     return EngineEnv(python=python, python_version=data["python"], vllm=data["vllm"],
                      vllm_distribution=data["vllm_distribution"], vllm_package=data["vllm_package"],
                      torch=data["torch"])
@@ -103,9 +104,7 @@ def probe(python: str) -> EngineEnv:
         data = interpreter_facts(python, PROBE_TIMEOUT_S)
     except VllmInstallError as exc:
         raise EngineEnvError(f"engine environment {exc}") from None
-    return EngineEnv(python=python, python_version=data["python"], vllm=data["vllm"],
-                     vllm_distribution=data["vllm_distribution"], vllm_package=data["vllm_package"],
-                     torch=data["torch"])
+    return _env(python, data)
 
 
 def current() -> EngineEnv:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from vramgate.core.records import read_json
 from vramgate.profiles import load_profiles
 from vramgate.runtime import engine_env, process
 
@@ -98,7 +99,10 @@ def resolve_env(root: Path, tier: str, version: str, python: str | None, *, inst
                                    "interpreter")
             from vramgate.tools.install import install as install_engine
 
-            install_engine(tier, version, folder)
+            try:
+                install_engine(tier, version, folder)
+            except SystemExit as exc:  # the installer's message: an upgrade that cannot run (status 2)
+                raise UpgradeError(f"making the engine environment of vLLM {version}: {exc.code}") from None
         python = str(candidate.absolute())
     try:
         env = engine_env.probe(str(Path(python).absolute())).require_vllm()
@@ -155,6 +159,8 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
     env.update({"VRAMGATE_REQUIRE_VLLM": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "PYTHONPATH": process.pythonpath(env)})
     log = side.folder / "pytest.log"
+    for stale in (side.report, side.folder / "junit.xml"):
+        stale.unlink(missing_ok=True)  # an earlier run's files must not pass for this one's
     print(f"vramgate upgrade: {side.label}: {' '.join(cmd)}", flush=True)
     start = time.monotonic()
     proc = process.launch(cmd, log, env=env, cwd=root)
@@ -172,10 +178,9 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
 
 def read_report(path: Path) -> dict[str, Any]:
     """A report.json's data; :class:`UpgradeError` naming the file when it cannot be read."""
-    try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UpgradeError(f"{path}: {exc}") from None
+    data = read_json(path, UpgradeError)
+    if not isinstance(data, dict):
+        raise UpgradeError(f"{path}: not a vramgate report.json (the top level must be an object)")
     return data
 
 
