@@ -184,3 +184,18 @@ def test_the_plugin_imports_without_torch() -> None:
             "sys.exit('torch' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+
+
+def test_a_snapshot_that_cannot_be_written_is_a_session_error_not_a_crash(
+    recorded: pytest.Pytester, fake_torch: FakeMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(filename: str = "dump_snapshot.pickle") -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fake_torch, "_dump_snapshot", full)
+    result = gate_run(recorded, "--gate-report", "out", "--gate-memory-history", "always", EXPECT_SWITCH="1")
+    result.assert_outcomes(passed=3)  # the tests' own outcomes stand
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "the memory history of test_mem.py::test_grows could not be written: [Errno 28] No space left" in \
+        result.stdout.str()
+    assert ("record", {"enabled": None}) in fake_torch.calls  # recording stopped all the same

@@ -72,10 +72,16 @@ class MemoryHistory:
         history.recorder.__enter__()
         return history
 
-    def end(self, history: CallHistory) -> None:
-        """Stop recording: dump this process's snapshot and take the engines' snapshots noted during the call."""
-        history.recorder.__exit__(None, None, None)
+    def end(self, history: CallHistory) -> str | None:
+        """Stop recording: dump this process's snapshot and take the engines' snapshots noted during the call.
+        Why the snapshot could not be written (a full disk, torch's own error), or None: a lost picture must not
+        turn into an error of the test it pictures."""
         history.engine_files = probe.take_noted()
+        try:
+            history.recorder.__exit__(None, None, None)
+        except Exception as exc:  # any failure to dump is reported, not raised
+            return f"the memory history of {history.nodeid} could not be written: {exc}"
+        return None
 
     def settle(self, history: CallHistory, failed: bool) -> list[Path]:
         """Keep the snapshots of *history* next to the report (``always``, or the test *failed*), the engines'

@@ -195,7 +195,9 @@ class GatePlugin:
                     yield
         finally:
             if history is not None and self.history is not None:
-                self.history.end(history)
+                problem = self.history.end(history)
+                if problem:
+                    self.session.errors.append(problem)
                 item.stash[HISTORY_KEY] = history
 
     @pytest.hookimpl(hookwrapper=True)
