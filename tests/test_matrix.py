@@ -96,6 +96,8 @@ def test_a_good_file_loads() -> None:
     (('"<= 74 GiB"', '"<= 74 GB/s"'), "vramgate.toml: entries[0].budgets.weights_bytes: unknown unit 'GB/s'"),
     (('"<= 74 GiB"', '"74 GiB"'), "vramgate.toml: entries[0].budgets.weights_bytes: '74 GiB' is not a budget"),
     (('tier = "gpu"', 'tier = "tpu"'), "vramgate.toml: entries[0].tier: unknown tier 'tpu'; accepted: cpu, gpu"),
+    (('suites = "kv_cache"', 'suites = "kv_cache"\ntp = 2'),
+     "vramgate.toml: entries[1].tp: the kv_cache suite does not use it"),
     (("block_size = 32", "block_size = [16, 32]"),
      "vramgate.toml: entries[0].block_size: the latency suite runs one block size per entry"),
     (("weights_bytes =", "weight_bytes ="), "vramgate.toml: entries[0].budgets.weight_bytes: no suite of this entry "

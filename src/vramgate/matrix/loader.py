@@ -38,6 +38,10 @@ from vramgate.workloads import GENERATORS
 
 #: The suites an entry may name (the folders under ``suites/`` that parametrize from the matrix).
 SUITES = ("kv_cache", "capacity", "latency")
+#: Suites that read vLLM's KV accounting only, and the entry fields only an engine run uses (an entry of those
+#: suites alone that sets one would have it ignored).
+KV_ONLY_SUITES = frozenset({"kv_cache"})
+ENGINE_FIELDS = ("tp", "dtype", "quantization", "workload")
 #: The metrics each suite records, which an entry's budgets may name (a budget on a metric no suite of its entry
 #: records could never fail; tests/test_matrix.py keeps this in step with the suites' code).
 SUITE_METRICS: dict[str, tuple[str, ...]] = {
@@ -272,6 +276,11 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
     for s in suites:
         if s not in SUITES:
             raise r.fail("suites", f"unknown suite {s!r}{_suggest(s, SUITES)}")
+    if set(suites) <= KV_ONLY_SUITES:
+        for key in ENGINE_FIELDS:
+            if key in r.table:
+                raise r.fail(key, f"the {', '.join(suites)} suite does not use it (vLLM's KV accounting starts no "
+                                  "engine): leave it out, or add an engine suite (capacity, latency) to the entry")
     model = r.get("model", str, required=True)
     if model not in models:
         raise r.fail("model", f"no [models.{model}] in this file{_suggest(model, tuple(models) or ('(none)',))}")
