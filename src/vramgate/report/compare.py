@@ -23,7 +23,7 @@ from vramgate.core.records import read_json
 from vramgate.machine.software import COMPARED_VERSIONS
 from vramgate.report.data import ReportError
 from vramgate.report.table import aligned
-from vramgate.store.baselines import BaselineError, parse_metric
+from vramgate.store.report_files import ReportMetric, report_metrics
 
 #: The order of a suite's rows: what needs a look first.
 ROW_ORDER = ("regressed", "incompatible", "not compared", "removed", "added", "improved", "ok")
@@ -229,13 +229,6 @@ class Comparison:
         }
 
 
-@dataclass(frozen=True)
-class _Entry:
-    suite: str
-    nodeid: str
-    metric: Metric
-
-
 def _require(cond: bool, source: str, message: str) -> None:
     if not cond:
         raise ReportError(f"{source}: {message}")
@@ -257,29 +250,9 @@ def _facts(data: Any, source: str, label: str, from_file: bool) -> RunFacts:
                     len(data["tests"]), failing)
 
 
-def _entries(data: dict[str, Any], source: str) -> dict[tuple[str, str], _Entry]:
+def _entries(data: dict[str, Any], source: str) -> dict[tuple[str, str], ReportMetric]:
     """Every metric of a run by (node id, name), validated; :class:`ReportError` names the file and entry."""
-    out: dict[tuple[str, str], _Entry] = {}
-    for i, test in enumerate(data["tests"]):
-        where = f"tests[{i}]"
-        _require(isinstance(test, dict), source, f"{where}: must be an object")
-        nodeid, suite, metrics = test.get("nodeid"), test.get("suite"), test.get("metrics")
-        _require(isinstance(nodeid, str) and bool(nodeid), source, f"{where}: missing its nodeid")
-        where = f"test {nodeid}"
-        _require(isinstance(suite, str), source, f"{where}: missing its suite")
-        _require(isinstance(metrics, list), source, f"{where}: metrics must be a list")
-        for j, entry in enumerate(metrics):
-            _require(isinstance(entry, dict) and isinstance(entry.get("name"), str) and bool(entry.get("name")),
-                     source, f"{where}: metrics[{j}] has no name")
-            name = entry["name"]
-            _require("now" in entry, source, f"{where}: metric {name!r} has no 'now' figure")
-            try:
-                metric = parse_metric(Path(source), f"{where}: metric {name!r}: now", name, entry["now"])
-            except BaselineError as exc:
-                raise ReportError(str(exc)) from None
-            _require((nodeid, name) not in out, source, f"{where}: metric {name!r} is reported twice")
-            out[(nodeid, name)] = _Entry(suite, nodeid, metric)
-    return out
+    return {(m.nodeid, m.metric.name): m for m in report_metrics(data, source, ReportError)}
 
 
 def _judge(old: Metric, new: Metric, hardware: tuple[str, str], tiers: tuple[str, str]) -> tuple[str, float, str, str]:
@@ -295,7 +268,7 @@ def _judge(old: Metric, new: Metric, hardware: tuple[str, str], tiers: tuple[str
     return "not compared", relative_change(new.value, old.value), "", why
 
 
-def _one_side(e: _Entry, verdict: str, reason: str) -> ComparedMetric:
+def _one_side(e: ReportMetric, verdict: str, reason: str) -> ComparedMetric:
     m = e.metric
     old, new = (m.value, None) if verdict == "removed" else (None, m.value)
     return ComparedMetric(e.suite, e.nodeid, m.name, m.unit, m.kind, m.effective_scope, old, new, None, verdict,

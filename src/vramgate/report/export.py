@@ -51,7 +51,7 @@ from typing import Any
 
 from vramgate.core.metrics import Metric
 from vramgate.report.data import ReportError
-from vramgate.store.baselines import BaselineError, parse_metric
+from vramgate.store.report_files import report_metrics
 
 #: The export formats, by the name ``--gate-export`` and ``vramgate report export --format`` take.
 EXPORT_FORMATS = ("bmf", "pytorch")
@@ -89,34 +89,16 @@ def _require(cond: bool, source: str, message: str) -> None:
 def exported_metrics(data: Any, source: str = "report") -> list[ExportedMetric]:
     """Every metric of a report's *data* in node id order, untrusted ones left out; :class:`ReportError` naming
     *source*, the test and the metric for data that is not a report."""
-    _require(isinstance(data, dict), source, "not a vramgate report.json: the top level must be a JSON object")
-    _require(data.get("schema") == 1, source,
-             f"not a vramgate report.json (schema 1): schema is {data.get('schema')!r}")
-    _require(isinstance(data.get("tests"), list), source, "tests: must be a list")
     out = []
-    for i, test in enumerate(data["tests"]):
-        _require(isinstance(test, dict), source, f"tests[{i}]: must be an object")
-        nodeid, suite, metrics = test.get("nodeid"), test.get("suite"), test.get("metrics")
-        _require(isinstance(nodeid, str) and bool(nodeid), source, f"tests[{i}]: missing its nodeid")
-        _require(isinstance(suite, str), source, f"test {nodeid}: missing its suite")
-        _require(isinstance(metrics, list), source, f"test {nodeid}: metrics must be a list")
-        for j, entry in enumerate(metrics):
-            _require(isinstance(entry, dict) and isinstance(entry.get("name"), str) and bool(entry.get("name")),
-                     source, f"test {nodeid}: metrics[{j}] has no name")
-            name = entry["name"]
-            if entry.get("verdict") == "untrusted":
-                continue
-            where = f"test {nodeid}: metric {name!r}"
-            _require("now" in entry, source, f"{where} has no 'now' figure")
-            try:
-                metric = parse_metric(Path(source), f"{where}: now", name, entry["now"])
-            except BaselineError as exc:
-                raise ReportError(str(exc)) from None
-            base = entry.get("baseline")
-            value = base.get("value") if isinstance(base, dict) else None
-            _require(value is None or (isinstance(value, int | float) and not isinstance(value, bool)
-                                       and math.isfinite(value)), source, f"{where}: baseline value {value!r}")
-            out.append(ExportedMetric(nodeid, suite, metric, value, str(entry.get("verdict", ""))))
+    for m in report_metrics(data, source, ReportError):
+        if m.entry.get("verdict") == "untrusted":
+            continue
+        base = m.entry.get("baseline")
+        value = base.get("value") if isinstance(base, dict) else None
+        _require(value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                                   and math.isfinite(value)),
+                 source, f"test {m.nodeid}: metric {m.metric.name!r}: baseline value {value!r}")
+        out.append(ExportedMetric(m.nodeid, m.suite, m.metric, value, str(m.entry.get("verdict", ""))))
     return sorted(out, key=lambda e: (e.nodeid, e.metric.name))
 
 

@@ -25,7 +25,8 @@ from vramgate.core.metrics import Better, Kind
 from vramgate.core.records import read_json
 from vramgate.machine.hardware import TIER_KEYS
 from vramgate.machine.software import GitError, git
-from vramgate.store.baselines import BaselineError, parse_baseline, parse_metric
+from vramgate.store.baselines import BaselineError, parse_baseline
+from vramgate.store.report_files import report_metrics
 
 Source = Literal["baseline", "report"]
 
@@ -215,24 +216,14 @@ def report_points(paths: Iterable[Path | str]) -> History:
         except ValueError as exc:
             raise HistoryError(f"{file}: date: not an ISO 8601 date ({exc})") from None
         software = {k: v for k, v in (data.get("software") or {}).items() if isinstance(v, str)}
-        for i, test in enumerate(data["tests"]):
-            _need(isinstance(test, dict) and isinstance(test.get("nodeid"), str)
-                  and isinstance(test.get("suite"), str) and isinstance(test.get("metrics"), list),
-                  file, f"tests[{i}]", "must have a nodeid, a suite and a list of metrics")
-            if test.get("test_passed") is False:
+        for m in report_metrics(data, str(file), HistoryError):
+            if m.test.get("test_passed") is False:
                 continue  # a test that failed its own assertions is never recorded; its figures are not either
-            for j, entry in enumerate(test["metrics"]):
-                where = f"tests[{i}].metrics[{j}]"
-                _need(isinstance(entry, dict) and isinstance(entry.get("name"), str), file, where, "needs a name")
-                try:
-                    metric = parse_metric(file, f"{where}.now", entry["name"], entry.get("now"))
-                except BaselineError as exc:
-                    raise HistoryError(str(exc)) from None
-                where_stored = tier if metric.effective_scope == "portable" else hardware["key"]
-                point = HistoryPoint(commit, date, metric.value, metric.unit, "report", software, where_stored,
-                                     metric.better, metric.kind, str(file))
-                _add(history, SeriesKey(test["suite"], test["nodeid"], metric.name, where_stored), point,
-                     collapse=False)
+            metric = m.metric
+            where_stored = tier if metric.effective_scope == "portable" else hardware["key"]
+            point = HistoryPoint(commit, date, metric.value, metric.unit, "report", software, where_stored,
+                                 metric.better, metric.kind, str(file))
+            _add(history, SeriesKey(m.suite, m.nodeid, metric.name, where_stored), point, collapse=False)
     for series in history.values():
         series.sort(key=lambda p: p.date)
     return history
