@@ -81,10 +81,13 @@ class Applicability:
     """Why no proposal could be made although one was asked for (the profile does not apply to the base)."""
 
     def summary(self) -> str:
-        """One line: the status, the hunks moved or refused, whether the target specifier covers the version and
-        what the three-way merge proposes."""
+        """One line: the status, whether the target specifier covers the version, then :meth:`details`."""
         spec = f"{self.target} {'covers' if self.in_target else 'does not cover'} {self.version}"
-        parts = [f"{self.profile}: {self.status}", spec]
+        return "; ".join([f"{self.profile}: {self.status}", spec, *self.details()])
+
+    def details(self) -> list[str]:
+        """The hunks moved or refused, and what the three-way merge proposes (or why it proposes nothing)."""
+        parts: list[str] = []
         if self.offsets:
             parts.append("moved: " + ", ".join(f"{o.path} hunk {o.hunk} by {o.offset:+d}" for o in self.offsets))
         if self.conflicts:
@@ -98,7 +101,7 @@ class Applicability:
                              + ", ".join(self.proposal.unmerged))
         elif self.proposal_problem:
             parts.append(f"no 3-way proposal: {self.proposal_problem}")
-        return "; ".join(parts)
+        return parts
 
 
 def _package_folder(profile: Profile, path: Path, what: str) -> Path:

@@ -178,9 +178,12 @@ def tp_runner(tmp_path_factory: pytest.TempPathFactory) -> TPRunner:
 def upgrade_from(request: pytest.FixtureRequest, vllm_env: Path) -> engine_env.EngineEnv:
     """The engine environment of the vLLM an upgrade run upgrades from (``--gate-upgrade-from PY``, set by
     ``vramgate upgrade``); the run's own engine environment is the one upgraded to. Skips outside an upgrade run."""
-    from vramgate.pytest_plugin.options import read_options
+    from vramgate.pytest_plugin.plugin import SESSION_NAME
+    from vramgate.pytest_plugin.session import GateSession
 
-    python = read_options(request.config).upgrade_from
+    session = request.config.pluginmanager.get_plugin(SESSION_NAME)
+    assert isinstance(session, GateSession), "the vramgate plugin is not configured"
+    python = session.options.upgrade_from
     if python is None:
         pytest.skip("an upgrade run only: --gate-upgrade-from PY (vramgate upgrade sets it)")
     old, new = engine_env.probe(python).require_vllm(), engine_env.current()

@@ -72,13 +72,11 @@ def skip_unmet(profile: Profile | None) -> None:
 def version_problem(profile: Profile) -> str | None:
     """Why *profile* is not for the engine environment's vLLM (its version is outside the profile's target
     specifier), or None; None too when the environment has no vLLM (the engine says so then)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
+    from vramgate.profiles import target_covers
     from vramgate.runtime import engine_env
 
     env = engine_env.current()
-    if env.vllm is None or Version(Version(env.vllm).base_version) in SpecifierSet(profile.version):
+    if env.vllm is None or target_covers(profile, env.vllm):
         return None
     return (f"profile {profile.name} targets {profile.distribution} {profile.version}; the engine environment has "
             f"{env.vllm_distribution} {env.vllm} (what it would do there: vramgate upgrade, or the profile check)")

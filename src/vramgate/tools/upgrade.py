@@ -211,7 +211,7 @@ def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.Engine
                                          base_dir=Path(str(base.vllm_package)) if base else None,
                                          base_version=str(base.vllm) if base else "")
             check: dict[str, Any] = {"status": result.status, "in_target": result.in_target,
-                                     "notes": result.summary().split("; ")[2:]}
+                                     "notes": result.details()}
             if result.proposal is not None:
                 check["proposal_files"] = [str(p.relative_to(out)) for p in
                                            write_proposal(result, out / "profiles" / f"vllm-{env.vllm}")]
