@@ -115,6 +115,28 @@ def same_interpreter(a: str, b: str) -> bool:
     return pa == pb or (pa.parent == pb.parent and pa.resolve() == pb.resolve())
 
 
+def interpreter(python: str | Path) -> Path:
+    """The interpreter *python* names (a path, or a command on ``PATH``), absolute but not resolved (a virtual
+    environment's python is a link to its base); :class:`VllmInstallError` when there is none."""
+    found = shutil.which(str(python)) if os.sep not in str(python) else str(python)
+    if found is None or not Path(found).is_file():
+        raise VllmInstallError(f"{python}: no such interpreter")
+    return Path(found).absolute()
+
+
+def _ask(exe: Path, script: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run *script* in the interpreter *exe* (``-E``: the install as the interpreter has it, not an overlay on
+    the caller's ``PYTHONPATH``; started in its own folder, so no source tree in the current one wins);
+    :class:`VllmInstallError` when it cannot be run."""
+    if not os.access(exe, os.X_OK):
+        raise VllmInstallError(f"{exe}: not executable")
+    try:
+        return subprocess.run([str(exe), "-E", "-c", script], capture_output=True, text=True, timeout=timeout,
+                              cwd=exe.parent)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise VllmInstallError(f"{exe}: could not run it ({exc})") from None
+
+
 def distribution_version(dist: str, python: str | None = None) -> str | None:
     """The version of distribution *dist* installed for *python* (default: this interpreter; another one is asked
     in a child, from its metadata), None when it is not installed or *python* does not answer."""
@@ -123,30 +145,20 @@ def distribution_version(dist: str, python: str | None = None) -> str | None:
     script = ("import sys\nfrom importlib import metadata as m\n"
               f"try: print(m.version({dist!r}))\nexcept m.PackageNotFoundError: sys.exit(3)")
     try:
-        out = subprocess.run([python, "-E", "-c", script], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
+        out = _ask(interpreter(python), script, 60.0)
+    except VllmInstallError:
         return None
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def interpreter_facts(python: str | Path, timeout: float = 60.0) -> dict[str, Any]:
     """:func:`installed` as the interpreter *python* (a path, or a command on ``PATH``) has it, asked in a child
-    that imports neither vLLM nor torch and ignores ``PYTHONPATH`` (``-E``: the install as the interpreter has it,
-    not an overlay on the caller's path); in this process when *python* is this interpreter.
+    that imports neither vLLM nor torch (:func:`_ask`); in this process when *python* is this interpreter.
     :class:`VllmInstallError` naming *python* when it is not an interpreter that answers."""
-    found = shutil.which(str(python)) if os.sep not in str(python) else str(python)
-    if found is None or not Path(found).is_file():
-        raise VllmInstallError(f"{python}: no such interpreter")
-    exe = Path(found).absolute()  # not resolved: a virtual environment's python is a link to its base
+    exe = interpreter(python)
     if same_interpreter(str(exe), sys.executable):
         return installed()
-    if not os.access(exe, os.X_OK):
-        raise VllmInstallError(f"{exe}: not executable")
-    try:
-        out = subprocess.run([str(exe), "-E", "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
-                             cwd=exe.parent)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise VllmInstallError(f"{exe}: could not run it to find its vLLM ({exc})") from None
+    out = _ask(exe, _PROBE, timeout)
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or [""])[-1]
         raise VllmInstallError(f"{exe}: the interpreter failed (status {out.returncode}): {tail}")
@@ -161,7 +173,7 @@ def vllm_install(python: str | Path, timeout: float = 60.0) -> VllmInstall:
     """The vLLM the interpreter *python* has (:func:`interpreter_facts`); :class:`VllmInstallError` when
     *python* is not an interpreter or has no vLLM."""
     facts = interpreter_facts(python, timeout)
-    exe = Path(str(python) if os.sep in str(python) else str(shutil.which(str(python)))).absolute()
+    exe = interpreter(python)
     names = " or ".join(_ROLES["vllm"])
     if not facts.get("vllm_distribution"):
         raise VllmInstallError(f"{exe}: no vLLM installed ({names})")
