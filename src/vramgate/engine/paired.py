@@ -27,8 +27,9 @@ from typing import Any
 
 from vramgate.core.metrics import median
 from vramgate.core.records import record_fields
-from vramgate.engine.runner import EngineError, engine_env
+from vramgate.engine.runner import EngineError, engine_env, preload_folder
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
+from vramgate.runtime import preload as preloading
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
 
@@ -102,7 +103,8 @@ def round_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
 class EngineServer:
     """One ``vramgate.engine.worker --serve`` subprocess: rounds on request, an error with its log tail on failure."""
 
-    def __init__(self, spec: EngineSpec, root: Path, run_dir: Path, *, cache_root: Path | None = None) -> None:
+    def __init__(self, spec: EngineSpec, root: Path, run_dir: Path, *, cache_root: Path | None = None,
+                 preload: Path | None = None, start: bool = True) -> None:
         resolved, paths = apply_profile(spec, root, run_dir / "overlay")
         validate(resolved, root)  # with the profile's engine arguments, as EngineCache validates it
         self.spec, self.run_dir = resolved, run_dir
@@ -114,10 +116,23 @@ class EngineServer:
             stale.unlink(missing_ok=True)  # an earlier server's answers must not pass for this one's
         spec_path, self.log_path = run_dir / "spec.json", run_dir / "engine.log"
         spec_path.write_text(json.dumps({"spec": resolved.to_json(), "root": str(root)}, indent=2, sort_keys=True))
-        cmd = [resolved.python or engine_python(), "-m", "vramgate.engine.worker", "--serve", str(spec_path),
-               str(self.control)]
-        self.proc = process.launch(cmd, self.log_path, env=engine_env(resolved, run_dir, paths, cache_root),
-                                   cwd=run_dir, stdin=subprocess.PIPE)
+        self.command = [resolved.python or engine_python(), "-m", "vramgate.engine.worker", "--serve",
+                        str(spec_path), str(self.control)]
+        self.env = engine_env(resolved, run_dir, paths, cache_root)
+        self.proc: process.Child | None = None
+        if start:
+            self.start(preload)
+
+    def start(self, preload: Path | None = None) -> None:
+        """Start the server (forked from a preloaded interpreter where *preload*, a folder, allows: Note
+        [preloaded engines] in :mod:`vramgate.runtime.preload`)."""
+        self.proc = process.launch(self.command, self.log_path, env=self.env, cwd=self.run_dir,
+                                   stdin=subprocess.PIPE, preload=preload)
+
+    def _started(self) -> process.Child:
+        if self.proc is None:
+            raise RuntimeError("the engine server was not started")
+        return self.proc
 
     def _fail(self, why: str) -> EngineError:
         self.close()
@@ -126,8 +141,12 @@ class EngineServer:
 
     def _wait_for(self, path: Path, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
+        proc = self._started()
         while not path.exists():
-            rc = self.proc.poll()
+            try:
+                rc = proc.poll()
+            except preloading.PreloadError as exc:
+                raise self._fail(str(exc)) from None
             if rc is not None:
                 raise self._fail(f"exited with status {rc} before writing {path.name}")
             if time.monotonic() > deadline:
@@ -147,10 +166,11 @@ class EngineServer:
 
     def round(self, index: int, timeout_s: float) -> Round:
         """Run the workload once more; its latencies."""
-        assert self.proc.stdin is not None
+        proc = self._started()
+        assert proc.stdin is not None
         try:
-            self.proc.stdin.write(f"round {index}\n".encode())
-            self.proc.stdin.flush()
+            proc.stdin.write(f"round {index}\n".encode())
+            proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._fail("closed its input (it died)") from None
         path = self.control / f"round-{index}.json"
@@ -158,16 +178,20 @@ class EngineServer:
 
     def close(self) -> None:
         """Ask the server to quit; kill its process group if it does not within 10 s."""
-        if self.proc.poll() is None and self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self.proc.stdin.write(b"quit\n")
-                self.proc.stdin.flush()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
-        process.kill_group(self.proc)
-        if self.proc.stdin is not None:
+        proc = self.proc
+        if proc is None:
+            return
+        with contextlib.suppress(preloading.PreloadError):
+            if proc.poll() is None and proc.stdin is not None:
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    proc.stdin.write(b"quit\n")
+                    proc.stdin.flush()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+        process.kill_group(proc)
+        if proc.stdin is not None:
             with contextlib.suppress(OSError):
-                self.proc.stdin.close()
+                proc.stdin.close()
 
 
 class PairedEngines:
@@ -180,8 +204,16 @@ class PairedEngines:
             raise ValueError("paired engines must run the same workload (workload, requests, seed, parameters)")
         self.servers: dict[str, EngineServer] = {}
         try:
-            self.servers["a"] = EngineServer(reference, root, run_dir / "reference", cache_root=cache_root)
-            self.servers["b"] = EngineServer(candidate, root, run_dir / "candidate", cache_root=cache_root)
+            self.servers["a"] = EngineServer(reference, root, run_dir / "reference", cache_root=cache_root,
+                                             start=False)
+            self.servers["b"] = EngineServer(candidate, root, run_dir / "candidate", cache_root=cache_root,
+                                             start=False)
+            a, b = self.servers["a"], self.servers["b"]
+            # Both sides start the same way (Note [preloaded engines]): forked only when both can be.
+            same = preloading.same_imports(a.command, a.env, b.command, b.env)
+            folder = preload_folder(run_dir.parent) if same else None
+            for server in (a, b):
+                server.start(folder)
             self.init_s = {side: s.ready() for side, s in self.servers.items()}
         except BaseException:
             self.close()

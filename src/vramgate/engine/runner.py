@@ -24,10 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.records import record_fields
-from vramgate.engine.spec import KV_TOO_SMALL, EngineSpec, apply_profile, kv_budget_bytes, kv_need, validate
+from vramgate.engine.spec import (
+    KV_TOO_SMALL,
+    EngineSpec,
+    apply_profile,
+    engine_tier,
+    kv_budget_bytes,
+    kv_need,
+    validate,
+)
 from vramgate.models.config import ModelConfigError
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
+from vramgate.runtime.preload import PreloadError
 from vramgate.runtime.vllm_env import ENGINE_LOG_LEVEL, vllm_environment
 
 
@@ -146,11 +155,21 @@ def _kv_figures(spec: EngineSpec, root: Path) -> str:
             f"{spec.max_model_len} tokens needs {format_value(need, 'B', precise=True)} at {per_token} B/token")
 
 
+def preload_folder(base_dir: Path) -> Path | None:
+    """Where the preloaded engine interpreter of a gate process keeps its files (under *base_dir*), or None
+    where engines start fresh: on the GPU tier, whose CUDA a forked child may not be able to use (Note
+    [preloaded engines] in :mod:`vramgate.runtime.preload`)."""
+    return base_dir / "preload" if engine_tier() == "cpu" else None
+
+
 def run_engine(
     spec: EngineSpec, root: Path, run_dir: Path, *, extra_pythonpath: list[Path] | None = None,
-    cache_root: Path | None = None,
+    cache_root: Path | None = None, preload: Path | None = None,
 ) -> EngineResult:
-    """Run *spec* in a subprocess with its files in *run_dir*; :class:`EngineError` on failure."""
+    """Run *spec* in a subprocess with its files in *run_dir*; :class:`EngineError` on failure.
+
+    With *preload* (a folder) it may be forked from a preloaded interpreter (Note [preloaded engines] in
+    :mod:`vramgate.runtime.preload`)."""
     validate(spec, root)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = run_dir / "spec.json", run_dir / "result.json", run_dir / "engine.log"
@@ -159,8 +178,12 @@ def run_engine(
         result_path.unlink()
     cmd = [spec.python or engine_python(), "-m", "vramgate.engine.worker", str(spec_path), str(result_path)]
     start = time.monotonic()
-    proc = process.launch(cmd, log_path, env=engine_env(spec, run_dir, extra_pythonpath, cache_root), cwd=run_dir)
-    rc = process.wait_or_kill(proc, spec.timeout_s)  # the worker's own children (vLLM's engine core) go with it
+    proc = process.launch(cmd, log_path, env=engine_env(spec, run_dir, extra_pythonpath, cache_root), cwd=run_dir,
+                          preload=preload)
+    try:
+        rc = process.wait_or_kill(proc, spec.timeout_s)  # the worker's own children (vLLM's engine core) go with it
+    except PreloadError as exc:
+        raise EngineError(f"engine for {spec.model}: {exc}", process.tail(log_path), run_dir) from None
     if rc is None:
         raise EngineError(f"engine for {spec.model} timed out after {spec.timeout_s:g} s and was killed",
                           process.tail(log_path), run_dir)
@@ -206,7 +229,7 @@ class EngineCache:
                 resolved, paths = apply_profile(spec, self.root, self.base_dir / "overlays")
                 self._results[key] = run_engine(
                     resolved, self.root, self.base_dir / f"{spec.model}-{key}", extra_pythonpath=paths,
-                    cache_root=self.cache_root,
+                    cache_root=self.cache_root, preload=preload_folder(self.base_dir),
                 )
             except EngineError as exc:
                 self._results[key] = exc

@@ -257,6 +257,16 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
                     {**request_latency(outputs), "steps_s": list(timer.steps), "wall_s": wall})
 
 
+def preload() -> None:
+    """What every engine run imports, for a preloaded interpreter to do once (Note [preloaded engines] in
+    :mod:`vramgate.runtime.preload`): the ISA cap first, then torch and vLLM's offline engine."""
+    isa.apply_cap()  # Note [ISA cap]
+    import torch  # noqa: F401
+    from vllm import LLM, SamplingParams  # noqa: F401
+
+    from vramgate.sim.probe import SchedulerProbe  # noqa: F401
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, default=str))
 

@@ -21,6 +21,7 @@ expect.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -65,6 +66,25 @@ def _vllm_version() -> str:
         except metadata.PackageNotFoundError:
             continue
     return "not installed"
+
+
+def engine_config(args: Any) -> Any:
+    """``args.create_engine_config()`` (vLLM's ``EngineArgs``) in this process, without the changes vLLM makes
+    to this process's environment.
+
+    Note [vLLM's environment changes]: checking a config, vLLM's CPU platform sets variables for the
+    processes an engine would start: ``LD_PRELOAD`` (tcmalloc and torch's libgomp), ``LOCAL_WORLD_SIZE``,
+    ``VLLM_WORKER_MULTIPROC_METHOD``, thread counts. In the gate's process they would reach every engine
+    subprocess started after a simulation or a KV reading on the same worker, and not those started before:
+    an engine's allocator would depend on the order of the tests. So they are undone.
+    """
+    before = dict(os.environ)
+    try:
+        return args.create_engine_config()
+    finally:
+        if dict(os.environ) != before:
+            os.environ.clear()
+            os.environ.update(before)
 
 
 def layer_specs(config: Any) -> dict[str, Any]:
@@ -115,7 +135,7 @@ def vllm_kv_layout(
         max_model_len=max_model_len,
         enforce_eager=True,
     )
-    config = args.create_engine_config()
+    config = engine_config(args)
     cache = config.cache_config
     platform_block_size = int(cache.block_size)
     cache.block_size = block_size  # Note [platform block size]

@@ -6,6 +6,9 @@ runs in its own session, so it leads a process group that holds whatever it star
 core, a rank's helpers). Ending a child means ending its group: SIGTERM, a grace period, then SIGKILL, so
 nothing a child started outlives it. The child's stdout and stderr go to one log file, whose last
 :data:`LOG_TAIL_LINES` lines are what an error shows.
+
+A child may also be forked from a preloaded interpreter (``launch(..., preload=FOLDER)``, Note [preloaded
+engines] in :mod:`vramgate.runtime.preload`); it is handled here exactly as a fresh one.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Protocol
+
+from vramgate.runtime import preload as preloading
 
 #: The folder that holds this ``vramgate`` package (``src/`` in a source tree, ``site-packages`` when installed).
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -38,21 +44,46 @@ def pythonpath(env: Mapping[str, str], first: Iterable[Path] = ()) -> str:
     return os.pathsep.join(paths)
 
 
+class Child(Protocol):
+    """A child the gate started: a ``subprocess.Popen``, or a child of a preloaded interpreter."""
+
+    pid: int
+    returncode: int | None
+    stdin: IO[bytes] | None
+
+    def poll(self) -> int | None:
+        """The exit status, or None while it runs."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status; ``subprocess.TimeoutExpired`` after *timeout* seconds."""
+
+
 def launch(command: Sequence[str], log_path: Path, *, env: Mapping[str, str], cwd: Path,
-           stdin: int | None = None) -> subprocess.Popen[bytes]:
-    """Start *command* in its own session (Note [process groups]) with stdout and stderr in *log_path*."""
+           stdin: int | None = None, preload: Path | None = None) -> Child:
+    """Start *command* in its own session (Note [process groups]) with stdout and stderr in *log_path*.
+
+    With *preload* (a folder for its files), a ``python -m MODULE ...`` command is forked from the preloaded
+    interpreter of that python and module where it can serve it (Note [preloaded engines]), else started
+    fresh.
+    """
+    if preload is not None:
+        child = preloading.spawn(command, log_path, env=env, cwd=cwd, stdin=stdin, folder=preload)
+        if child is not None:
+            return child
     with open(log_path, "wb") as log:  # the child holds its own copy of the file
         return subprocess.Popen(list(command), stdin=stdin, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
                                 cwd=cwd, start_new_session=True)
 
 
-def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+def signal_group(proc: Child, sig: signal.Signals) -> None:
     """Send *sig* to *proc*'s process group; nothing when the group is gone."""
+    if proc.pid <= 0:  # never this process's own group
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
-def kill_groups(procs: Iterable[subprocess.Popen[bytes]], grace_s: float | None = None) -> None:
+def kill_groups(procs: Iterable[Child], grace_s: float | None = None) -> None:
     """End every one of *procs*' process groups: SIGTERM, up to *grace_s* (default :data:`KILL_GRACE_S`) for
     them all to exit, then SIGKILL (a group may hold children even when its leader is gone); reap them."""
     procs = list(procs)
@@ -61,21 +92,21 @@ def kill_groups(procs: Iterable[subprocess.Popen[bytes]], grace_s: float | None 
         signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        with contextlib.suppress(subprocess.TimeoutExpired, preloading.PreloadError):
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     for proc in procs:
         signal_group(proc, signal.SIGKILL)
     for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        with contextlib.suppress(subprocess.TimeoutExpired, preloading.PreloadError):
             proc.wait(timeout=REAP_S)
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace_s: float | None = None) -> None:
+def kill_group(proc: Child, grace_s: float | None = None) -> None:
     """End *proc*'s process group (see :func:`kill_groups`)."""
     kill_groups([proc], grace_s)
 
 
-def wait_or_kill(proc: subprocess.Popen[bytes], timeout_s: float | None,
+def wait_or_kill(proc: Child, timeout_s: float | None,
                  grace_s: float | None = None) -> int | None:
     """*proc*'s exit status, or None when it ran past *timeout_s* (None: no limit) and its group was killed.
 

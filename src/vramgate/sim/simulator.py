@@ -118,6 +118,8 @@ def _build_config(model_dir: Path, *, block_size: int, max_model_len: int, max_n
                   kv_cache_dtype: str, engine_args: dict[str, Any]) -> tuple[Any, dict[str, list[Any]]]:
     from vllm.engine.arg_utils import EngineArgs
 
+    from vramgate.models.vllm_kv import engine_config
+
     kwargs: dict[str, Any] = dict(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, block_size=block_size,
         enable_chunked_prefill=True, enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
@@ -129,7 +131,7 @@ def _build_config(model_dir: Path, *, block_size: int, max_model_len: int, max_n
         args = EngineArgs(**kwargs)
     except TypeError as exc:
         raise SimulationError(f"engine arguments {sorted(engine_args)}: {exc}") from None
-    cfg = args.create_engine_config()
+    cfg = engine_config(args)  # Note [vLLM's environment changes] in vramgate.models.vllm_kv
     overrides: dict[str, list[Any]] = {}
 
     def restore(obj: Any, name: str, want: Any) -> None:  # Note [GPU-like settings]

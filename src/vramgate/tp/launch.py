@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -86,7 +85,7 @@ class Launcher:
         self.base_env = dict(os.environ if env is None else env)
         self.port = port
         self.label = label
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[process.Child] = []
         self.started_at = 0.0
 
     def log_path(self, rank: int) -> Path:
