@@ -38,6 +38,7 @@ from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
 from vramgate.runtime.preload import PreloadError
 from vramgate.runtime.vllm_env import ENGINE_LOG_LEVEL, vllm_environment
+from vramgate.store.shared import SharedResults
 
 
 class EngineError(RuntimeError):
@@ -210,11 +211,14 @@ def run_engine(
 
 
 class EngineCache:
-    """Runs each distinct spec once per session and hands out the same result after."""
+    """Runs each distinct spec once per session and hands out the same result after: once per process, and
+    with *shared* (a folder of the session) once for all pytest-xdist workers (Note [shared results])."""
 
-    def __init__(self, root: Path, base_dir: Path, *, cache_root: Path | None = None) -> None:
+    def __init__(self, root: Path, base_dir: Path, *, cache_root: Path | None = None,
+                 shared: Path | None = None) -> None:
         self.root = root
         self.base_dir = base_dir
+        self.shared = SharedResults(shared)
         self.cache_root = cache_root or base_dir / "vllm-cache"
         """vLLM's caches (model inspections, compiled kernels), shared by every run: nothing in them depends on
         the run; the suites share one between pytest-xdist workers too."""
@@ -225,12 +229,15 @@ class EngineCache:
         :class:`EngineError` again for a spec that failed."""
         key = spec.key()
         if key not in self._results:
-            try:
+            def run() -> EngineResult:
                 resolved, paths = apply_profile(spec, self.root, self.base_dir / "overlays")
-                self._results[key] = run_engine(
-                    resolved, self.root, self.base_dir / f"{spec.model}-{key}", extra_pythonpath=paths,
-                    cache_root=self.cache_root, preload=preload_folder(self.base_dir),
-                )
+                return run_engine(resolved, self.root, self.base_dir / f"{spec.model}-{key}",
+                                  extra_pythonpath=paths, cache_root=self.cache_root,
+                                  preload=preload_folder(self.base_dir))
+
+            try:
+                self._results[key] = self.shared.get(f"engine {key}", run, EngineResult.to_json,
+                                                     EngineResult.from_json)
             except EngineError as exc:
                 self._results[key] = exc
         outcome = self._results[key]

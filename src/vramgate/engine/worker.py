@@ -52,6 +52,7 @@ from vramgate.engine.spec import EngineSpec
 from vramgate.machine import isa
 from vramgate.machine.probes import memory_history
 from vramgate.models.config import load_model
+from vramgate.models.vllm_kv import inspection_in_process
 from vramgate.store.files import atomic_write_text
 from vramgate.workloads import build
 
@@ -78,7 +79,8 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     if history:
         memory_history.start(torch)  # the ranks in this process: weights, profile run and KV cache included
     t1 = time.perf_counter()
-    llm = LLM(**kwargs)
+    with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
+        llm = LLM(**kwargs)
     t_init = time.perf_counter() - t1
     engine = llm.llm_engine
     if history:
@@ -231,7 +233,8 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
-    llm = LLM(**llm_kwargs(spec, shape.path.parent, device_total_bytes(torch)))
+    with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
+        llm = LLM(**llm_kwargs(spec, shape.path.parent, device_total_bytes(torch)))
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:

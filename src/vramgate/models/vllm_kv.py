@@ -20,8 +20,10 @@ expect.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -68,6 +70,35 @@ def _vllm_version() -> str:
     return "not installed"
 
 
+@contextlib.contextmanager
+def inspection_in_process() -> Iterator[None]:
+    """vLLM's model inspection in this process instead of a subprocess, on vLLM's CPU platform.
+
+    Note [model inspection]: the first time vLLM meets a model class it inspects it
+    (pipeline parallelism, LoRA, multimodal...) in a fresh subprocess, so that
+    importing the model's code cannot initialize CUDA in the caller. That subprocess
+    imports vLLM again: about 7 s on 2 cores, once per architecture and cache folder
+    (the answer is cached under ``VLLM_CACHE_ROOT/modelinfos``). On the CPU platform
+    there is no CUDA to protect, so the gate's processes (its own, the simulation
+    children, the engines) inspect where they ask: the same function on the same
+    class, the same answer, the same cache file. Elsewhere nothing changes.
+    """
+    try:
+        from vllm.model_executor.models import registry
+        from vllm.platforms import current_platform
+    except ImportError:  # another vLLM layout (or none): its own way
+        registry = current_platform = None
+    if registry is None or not current_platform.is_cpu() or not hasattr(registry, "_run_in_subprocess"):
+        yield
+        return
+    original = registry._run_in_subprocess
+    registry._run_in_subprocess = lambda fn: fn()
+    try:
+        yield
+    finally:
+        registry._run_in_subprocess = original
+
+
 def engine_config(args: Any) -> Any:
     """``args.create_engine_config()`` (vLLM's ``EngineArgs``) in this process, without the changes vLLM makes
     to this process's environment.
@@ -80,7 +111,8 @@ def engine_config(args: Any) -> Any:
     """
     before = dict(os.environ)
     try:
-        return args.create_engine_config()
+        with inspection_in_process():
+            return args.create_engine_config()
     finally:
         if dict(os.environ) != before:
             os.environ.clear()

@@ -42,6 +42,10 @@ def add_options(parser: pytest.Parser) -> None:
         ("--gate-upgrade-from", "gate_upgrade_from", {"metavar": "PY"},
          "an upgrade run: PY is the engine environment of the vLLM being upgraded from; baselines recorded with "
          "another vLLM are expected, and the upgrade tests pair the two environments' engines"),
+        ("--gate-durations", "gate_durations", {"metavar": "FILE"},
+         "under pytest-xdist (with --dist worksteal), give each worker equally long runs of tests, longest first, "
+         "by the seconds in FILE (a {node id: seconds} JSON that 'vramgate report durations' writes from a "
+         "report.json), so that no worker is left with the long tests at the end"),
         ("--gate-memory-history", "gate_memory_history", {"choices": MEMORY_HISTORY},
          "record the CUDA allocator's memory history of each gated test (in the test's process and in its engines) "
          "and save it next to the report: for failing tests only (on-failure), for every test (always), or not at "
@@ -133,6 +137,9 @@ class GateOptions:
     exports: tuple[tuple[str, Path], ...] = ()
     """``--gate-export``: (format, file) of each export to write at the end (absolute)."""
     memory_history: str = "off"
+    durations: dict[str, float] | None = None
+    """``--gate-durations``: the seconds per test that order the tests under pytest-xdist (Note [longest
+    first]), read when the session starts."""
     """``--gate-memory-history``: off, on-failure or always (Note [memory history])."""
     asked: list[str] = field(default_factory=list)
     """The options and ini values set (Note [inert until asked])."""
@@ -183,6 +190,7 @@ def read_options(config: pytest.Config) -> GateOptions:
     if plan:
         asked.append("gate_plan")
     report_path = (report_dir / report).resolve() if report else None
+    durations, durations_dir = opt("gate_durations")
     memory_history, _ = opt("gate_memory_history")
     memory_history = memory_history or "off"
     if memory_history not in MEMORY_HISTORY:
@@ -207,8 +215,19 @@ def read_options(config: pytest.Config) -> GateOptions:
         upgrade_from=interpreter(upgrade_from, from_dir),
         exports=read_exports(config, report_path, asked),
         memory_history=memory_history,
+        durations=read_durations_option((durations_dir / durations).resolve()) if durations else None,
         asked=asked,
     )
+
+
+def read_durations_option(path: Path) -> dict[str, float]:
+    """The seconds per test of ``--gate-durations`` *path*; a usage error naming the file and entry."""
+    from vramgate.store.durations import DurationsError, read_durations
+
+    try:
+        return read_durations(path)
+    except DurationsError as exc:
+        raise pytest.UsageError(f"--gate-durations: {exc}") from None
 
 
 def read_exports(config: pytest.Config, report_dir: Path | None, asked: list[str]) -> tuple[tuple[str, Path], ...]:

@@ -144,6 +144,14 @@ class GatePlugin:
                     resolve(config.rootpath, gs.baselines_ref, gs.baselines_dir)
                 except RefError as exc:
                     raise pytest.UsageError(str(exc)) from None
+        worker = getattr(config, "workerinput", None)  # set on pytest-xdist's workers only
+        if gs.options.durations is not None and worker is not None:
+            from vramgate.store.durations import worker_order
+
+            workers = int(worker.get("workercount") or 1)
+            # Note [longest first] in vramgate.store.durations
+            ranked = worker_order([item.nodeid for item in items], gs.options.durations, workers)
+            items[:] = [items[i] for i in ranked]
         if gs.options.shard is None:
             return
         # Note [shards]: round-robin over the sorted node ids: every shard of one run
@@ -251,6 +259,11 @@ class GatePlugin:
         return lines
 
     # -- session end -------------------------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Add up each test's setup, call and teardown time for report.json (Note [longest first])."""
+        durations = self.session.durations
+        durations[report.nodeid] = durations.get(report.nodeid, 0.0) + float(report.duration or 0.0)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the queued baselines and the report (an xdist worker hands its findings over instead)."""

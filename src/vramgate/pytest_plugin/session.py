@@ -88,6 +88,8 @@ class GateSession:
         self.written: list[Path] = []
         self.report_written = False
         self.errors: list[str] = []
+        self.durations: dict[str, float] = {}
+        """Seconds per test (setup, call and teardown), from the reports of this process (Note [longest first])."""
         self._fingerprint: hardware.Fingerprint | None = None
         self._gpus: tuple[hardware.GPUInfo, ...] | None = None
         self._software: dict[str, str] | None = None
@@ -360,4 +362,5 @@ class GateSession:
             moves=self.moves,
             report_file=str(self.report_dir / "report.md") if self.report_dir and self.report_written else None,
             errors=list(self.errors),
+            durations=dict(self.durations),
         )

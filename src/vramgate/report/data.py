@@ -81,6 +81,7 @@ def report_data(summary: Summary) -> dict[str, Any]:
         ),
         "baselines_written": sorted(set(summary.written)),
         "moved_baselines": summary.moved_json(),
+        "durations": {k: round(v, 3) for k, v in sorted(summary.durations.items())},
     }
 
 
@@ -115,6 +116,7 @@ def merge_reports(parts: list[dict[str, Any]], names: list[str] | None = None) -
         "claims": sorted((c for p in parts for c in p["claims"]), key=lambda c: (c["test"], c["statement"])),
         "baselines_written": sorted({b for p in parts for b in p["baselines_written"]}),
         "moved_baselines": _merge_moved([p.get("moved_baselines") for p in parts]),
+        "durations": dict(sorted({k: v for p in parts for k, v in (p.get("durations") or {}).items()}.items())),
     }
 
 

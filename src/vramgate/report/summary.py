@@ -115,6 +115,8 @@ class Summary:
     report_file: str | None = None
     """The ``report.md`` written by this run, if any."""
     errors: list[str] = field(default_factory=list)
+    durations: dict[str, float] = field(default_factory=dict)
+    """Seconds per test (setup, call and teardown) of every test run (Note [longest first])."""
 
     def mismatch_lines(self) -> list[str]:
         """Every version mismatch of every test, each once, in the order first seen."""

@@ -133,17 +133,18 @@ def vllm_here(vllm_env: Path) -> Path:
 def engine(vllm_env: Path, project_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
     """Run vLLM's offline engine on an :class:`~vramgate.engine.EngineSpec`: ``engine.run(spec)``.
 
-    Each distinct spec runs once per session (per pytest-xdist worker), in a subprocess, with its files in
-    this session's temporary folder.
+    Each distinct spec runs once per session (the first pytest-xdist worker to ask runs it, the others read
+    its result: Note [shared results]), in a subprocess, with its files in this session's temporary folder.
     """
-    return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine"), cache_root=vllm_env / "cache"))
+    return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine"), cache_root=vllm_env / "cache",
+                              shared=vllm_env / "results"))
 
 
 @pytest.fixture(scope="session")
 def simulator(vllm_env: Path, model_shape: ModelLoader, tmp_path_factory: pytest.TempPathFactory) -> Simulator:
     """Run a workload through vLLM's real scheduler: ``simulator.run(model, workload, block_size=..., ...)``,
     with an optimization profile: ``simulator.run(model, workload, profile=profile, ...)``."""
-    return Simulator(model_shape, tmp_path_factory.mktemp("simulator"))
+    return Simulator(model_shape, tmp_path_factory.mktemp("simulator"), shared=vllm_env / "results")
 
 
 @pytest.fixture(scope="session")

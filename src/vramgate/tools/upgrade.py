@@ -165,6 +165,9 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
         cmd.append(f"--gate-upgrade-from={upgrade_from.python}")
     if workers > 1 and distribution_version("pytest-xdist", side.env.python):
         cmd += ["-n", str(workers)]  # without pytest-xdist in that environment, one process
+        durations = root / "suites" / "durations.json"
+        if durations.is_file():  # Note [longest first] in vramgate.store.durations
+            cmd += ["--dist", "worksteal", f"--gate-durations={durations}"]
     env = dict(os.environ)
     env.pop(engine_env.ENGINE_PYTHON_VAR, None)  # the side's own interpreter is its engine environment
     env.update({"VRAMGATE_REQUIRE_VLLM": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

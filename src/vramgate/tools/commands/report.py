@@ -1,4 +1,4 @@
-"""``vramgate report merge``, ``compare``, ``html`` and ``export``: gate reports."""
+"""``vramgate report merge``, ``compare``, ``html``, ``export`` and ``durations``: gate reports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from vramgate.tools.commands.common import Subparsers
 
 
 def register(sub: Subparsers) -> None:
-    """Add the ``report`` command group: ``merge``, ``compare``, ``html``, ``export``."""
+    """Add the ``report`` command group: ``merge``, ``compare``, ``html``, ``export``, ``durations``."""
     rep = sub.add_parser("report", help="gate reports")
     rep_sub = rep.add_subparsers(dest="report_command", required=True)
     merge = rep_sub.add_parser("merge", help="merge the report.json of several shards into one report")
@@ -38,6 +38,13 @@ def register(sub: Subparsers) -> None:
                         help="bmf (Bencher Metric Format) or pytorch (the PyTorch benchmark database's records)")
     export.add_argument("--out", metavar="FILE", help="write to FILE instead of printing")
     export.set_defaults(func=run_export)
+    durations = rep_sub.add_parser(
+        "durations", help="the seconds each test of a run took, as the file --gate-durations orders tests by")
+    durations.add_argument("report", help="the run's report.json (or a folder holding one)")
+    durations.add_argument("--min-seconds", type=float, default=0.5, metavar="S",
+                           help="leave out tests shorter than S seconds (default 0.5: they order last anyway)")
+    durations.add_argument("--out", metavar="FILE", help="write to FILE instead of printing")
+    durations.set_defaults(func=run_durations)
 
 
 def run_merge(args: argparse.Namespace) -> int:
@@ -95,6 +102,30 @@ def run_export(args: argparse.Namespace) -> int:
     text = export_text(load_report(path), args.format, source)
     if args.out:
         atomic_write_text(Path(args.out), text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def run_durations(args: argparse.Namespace) -> int:
+    """Print (or write to ``--out``) the run's seconds per test; 0 (2 for bad input, from the caller)."""
+    from vramgate.report import ReportError, load_report
+    from vramgate.store.durations import DurationsError, check_durations, durations_text
+    from vramgate.store.files import atomic_write_text
+
+    path = Path(args.report)
+    source = str(path / "report.json" if path.is_dir() else path)
+    data = load_report(path)
+    if "durations" not in data:
+        raise ReportError(f"{source}: records no durations (written by an older vramgate): run the tests again")
+    try:
+        durations = check_durations(data["durations"], f"{source}: durations")
+    except DurationsError as exc:
+        raise ReportError(str(exc)) from None
+    text = durations_text(durations, args.min_seconds)
+    if args.out:
+        atomic_write_text(Path(args.out), text)
+        print(f"wrote {args.out}: {text.count(chr(10)) - 2} test(s) of at least {args.min_seconds:g} s")
     else:
         print(text, end="")
     return 0
