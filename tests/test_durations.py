@@ -30,6 +30,12 @@ def test_sleep(gate, name):
     time.sleep({"short": 0.05, "long": 0.6, "middle": 0.3, "unknown": 0.0}[name])
     with open(os.environ["ORDER_LOG"], "a") as f:
         f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'serial')} {name}\\n")
+
+
+@pytest.mark.gate_nightly("left out with -m")
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_nightly(name):
+    pass
 """
 
 
@@ -58,6 +64,16 @@ def test_workers_get_equally_many_tests_of_about_equal_seconds() -> None:
     assert worker_order([], {}, 2) == []
 
 
+def test_references_start_first_on_different_workers() -> None:
+    seconds = {"sim[base]": 24.0, "sim[a]": 31.0, "eng[base]": 8.0, "eng[a]": 14.0, "lat[a]": 27.0, "lat[b]": 25.0}
+    ids = list(seconds)
+    order = worker_order(ids, seconds, 2, first=[0, 2])
+    runs = [[ids[i] for i in order[:3]], [ids[i] for i in order[3:]]]
+    # Each reference leads a run; the longest profile test goes after the shorter reference, so the other
+    # worker has finished the reference it needs by then.
+    assert runs == [["sim[base]", "lat[a]", "eng[a]"], ["eng[base]", "sim[a]", "lat[b]"]]
+
+
 def test_bad_files_name_the_file_and_the_entry(tmp_path: Path) -> None:
     with pytest.raises(DurationsError, match="no such durations file"):
         read_durations(tmp_path / "missing.json")
@@ -79,7 +95,8 @@ def test_report_records_durations_and_the_file_orders_xdist_workers(pytester: py
     pytester.makepyfile(test_sleepy=TESTS)
     log = pytester.path / "order.log"
     monkeypatch.setenv("ORDER_LOG", str(log))
-    result = pytester.runpytest_subprocess("--gate-report", "rep", "--gate-missing", "record")
+    result = pytester.runpytest_subprocess("--gate-report", "rep", "--gate-missing", "record", "-m",
+                                           "not gate_nightly")
     result.assert_outcomes(passed=4)
     data = json.loads((pytester.path / "rep" / "report.json").read_text())
     seconds = {k.split("[")[1].rstrip("]"): v for k, v in data["durations"].items()}
@@ -89,19 +106,23 @@ def test_report_records_durations_and_the_file_orders_xdist_workers(pytester: py
                  "--out", str(out)]) == 0
     written = read_durations(out)
     assert sorted(k.split("[")[1].rstrip("]") for k in written) == ["long", "middle", "short"]
+    # A long nightly test in the file: it must not count once -m has left it out.
+    written["test_sleepy.py::test_nightly[a]"] = 9.0
+    out.write_text(json.dumps(written), encoding="utf-8")
     assert "wrote" in capsys.readouterr().out
     # Serial: collection order, the file or not.
     log.unlink()
-    pytester.runpytest_subprocess(f"--gate-durations={out}").assert_outcomes(passed=4)
+    pytester.runpytest_subprocess(f"--gate-durations={out}", "-m", "not gate_nightly").assert_outcomes(passed=4)
     assert [line.split()[1] for line in log.read_text().splitlines()] == ["short", "long", "middle", "unknown"]
     # One xdist worker: longest first, an unknown test at half a second.
     log.unlink()
-    pytester.runpytest_subprocess("-n", "1", f"--gate-durations={out}").assert_outcomes(passed=4)
+    pytester.runpytest_subprocess("-n", "1", f"--gate-durations={out}", "-m",
+                                  "not gate_nightly").assert_outcomes(passed=4)
     assert [line.split()[1] for line in log.read_text().splitlines()] == ["long", "unknown", "middle", "short"]
     # Two workers under worksteal: two tests each, about equally long (0.6 + 0.05 and 0.5 + 0.3).
     log.unlink()
-    pytester.runpytest_subprocess("-n", "2", "--dist", "worksteal",
-                                  f"--gate-durations={out}").assert_outcomes(passed=4)
+    pytester.runpytest_subprocess("-n", "2", "--dist", "worksteal", f"--gate-durations={out}", "-m",
+                                  "not gate_nightly").assert_outcomes(passed=4)
     by_worker: dict[str, list[str]] = {}
     for line in log.read_text().splitlines():
         worker, name = line.split()

@@ -56,9 +56,16 @@ def gate_nightly(reason: str) -> str:
     return reason
 
 
+def gate_reference() -> None:
+    """Other tests read what this one computes (a reference run, shared by the workers): under pytest-xdist with
+    --gate-durations it starts first on its worker, so that no other test waits for it or computes it itself."""
+    return None
+
+
 MARKERS: dict[str, Callable[..., object]] = {
     "gate_suite": gate_suite,
     "gate_nightly": gate_nightly,
+    "gate_reference": gate_reference,
     "requires_gpus": requires_gpus,
     "requires_gpu_memory": requires_gpu_memory,
     "requires_capability": requires_capability,

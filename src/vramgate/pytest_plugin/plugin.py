@@ -73,6 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
         hygiene = HygienePlugin(lambda: session.active, session.options.engine_fixtures)
         config.pluginmanager.register(hygiene, f"{SESSION_NAME}-hygiene")
     config.pluginmanager.register(GatePlugin(session), f"{SESSION_NAME}-hooks")
+    if session.options.durations is not None and hasattr(config, "workerinput"):
+        config.pluginmanager.register(WorkerOrder(session.options.durations), f"{SESSION_NAME}-order")
 
 
 def restore_env(name: str, value: str | None) -> None:
@@ -97,6 +99,24 @@ def gate(request: pytest.FixtureRequest) -> Gate:
     recorder = Gate(item.nodeid, session.suite_for(item))
     item.stash[GATE_KEY] = recorder
     return recorder
+
+
+class WorkerOrder:
+    """``--gate-durations`` on a pytest-xdist worker: the order that deals each worker an about equally long run
+    of tests (Note [longest first] in vramgate.store.durations)."""
+
+    def __init__(self, durations: dict[str, float]) -> None:
+        self.durations = durations
+
+    @pytest.hookimpl(trylast=True)  # after -m and -k deselected: worksteal splits what is left
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Order *items* for this run's number of workers, the ``gate_reference`` tests first."""
+        from vramgate.store.durations import worker_order
+
+        workers = int(getattr(config, "workerinput", {}).get("workercount") or 1)
+        first = [i for i, item in enumerate(items) if item.get_closest_marker("gate_reference") is not None]
+        ranked = worker_order([item.nodeid for item in items], self.durations, workers, first)
+        items[:] = [items[i] for i in ranked]
 
 
 class GatePlugin:
@@ -144,14 +164,6 @@ class GatePlugin:
                     resolve(config.rootpath, gs.baselines_ref, gs.baselines_dir)
                 except RefError as exc:
                     raise pytest.UsageError(str(exc)) from None
-        worker = getattr(config, "workerinput", None)  # set on pytest-xdist's workers only
-        if gs.options.durations is not None and worker is not None:
-            from vramgate.store.durations import worker_order
-
-            workers = int(worker.get("workercount") or 1)
-            # Note [longest first] in vramgate.store.durations
-            ranked = worker_order([item.nodeid for item in items], gs.options.durations, workers)
-            items[:] = [items[i] for i in ranked]
         if gs.options.shard is None:
             return
         # Note [shards]: round-robin over the sorted node ids: every shard of one run

@@ -10,10 +10,12 @@ equally many tests: the tests are dealt longest first (by the seconds in FILE;
 a test not in it counts as :data:`UNKNOWN_S`) to the run with the fewest seconds
 that still has room, and each run is ordered longest first (the
 longest-processing-time rule). Worksteal then evens out what the durations
-got wrong. The two longest tests start at once on different workers, which is
-also what lets a profile's test find its reference simulation finished by the
-other worker (Note [shared results] in :mod:`vramgate.store.shared`). The
-order changes no result: each test's figures are its own. ``vramgate report
+got wrong. A test marked ``gate_reference`` (the unpatched run of a
+``gate_profiles`` test, which every profile's test of it compares with) is
+dealt first and starts its run: each worker computes one reference while the
+other starts on a profile, which then finds the reference finished (Note
+[shared results] in :mod:`vramgate.store.shared`) instead of waiting for it or
+computing it itself. The order changes no result: each test's figures are its own. ``vramgate report
 durations REPORT --out FILE`` writes FILE from a run's ``report.json`` (which
 records every test's setup, call and teardown time). The format is
 pytest-split's ``.test_durations``, so either tool can use the other's file.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +61,16 @@ def check_durations(data: Any, where: str) -> dict[str, float]:
     return out
 
 
-def worker_order(nodeids: Sequence[str], durations: Mapping[str, float], workers: int) -> list[int]:
+def worker_order(nodeids: Sequence[str], durations: Mapping[str, float], workers: int,
+                 first: Collection[int] = ()) -> list[int]:
     """The indices of *nodeids* in the order that gives each of *workers* contiguous, equally many tests of
-    about equal seconds by *durations*, each run longest first (Note [longest first]); ties keep their order."""
+    about equal seconds by *durations*, each run longest first (Note [longest first]); ties keep their order.
+
+    The tests in *first* (indices: reference runs that other tests read) are dealt before the others and start
+    their runs, so that each worker computes a reference while the other works on something else."""
     seconds = [durations.get(n, UNKNOWN_S) for n in nodeids]
-    ranked = sorted(range(len(nodeids)), key=lambda i: -seconds[i])
+    leading = set(first)
+    ranked = sorted(range(len(nodeids)), key=lambda i: (i not in leading, -seconds[i]))
     workers = max(1, min(workers, len(nodeids) or 1))
     # pytest-xdist's worksteal gives worker k len(pending) // (workers - k) of the tests still pending.
     room, left = [], len(nodeids)

@@ -41,7 +41,8 @@ def profile_params(root: Path, mark: pytest.Mark, nodeid: str) -> list[Any]:
     except TypeError as exc:
         raise pytest.UsageError(f"{nodeid}: bad arguments to marker gate_profiles: {exc}") from None
     profiles = load_profiles(root) if suite is None else profiles_for_suite(root, suite)
-    params = [pytest.param(None, id=reference)] if reference is not None else []
+    # The reference run is what every profile's test compares with (Note [longest first] in vramgate.store.durations).
+    params = [pytest.param(None, id=reference, marks=pytest.mark.gate_reference)] if reference is not None else []
     params += [pytest.param(p, id=p.name) for p in profiles if where is None or where(p)]
     return params
 
