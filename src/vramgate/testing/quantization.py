@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from vramgate.core.claims import ClaimVerdict
-from vramgate.engine import EngineResult, EngineSpec
+from vramgate.engine import EngineResult, EngineSpec, kernel_problem
 from vramgate.models.checkpoints import Checkpoint
 from vramgate.models.config import read_config
 from vramgate.profiles import CheckpointFormat, Profile
@@ -107,7 +107,14 @@ class QuantRuns:
                                       engine_args={"model": str(folder), "load_format": "safetensors"})
 
     def run(self, profile: Profile | None) -> EngineResult:
-        """The engine run of a quantization profile, or of the bf16 reference for ``None`` (once per session)."""
+        """The engine run of a quantization profile, or of the bf16 reference for ``None`` (once per session).
+
+        A profile whose kernels this machine's vLLM lacks skips before its checkpoint is written (the engine
+        would refuse it with the same reason after)."""
+        if profile is not None:
+            problem = kernel_problem(self.reference.replace(engine_args=dict(profile.engine_args)))
+            if problem:
+                pytest.skip(f"not on this machine: {problem}")
         return self.engine.run(self.spec(profile))
 
     @staticmethod
