@@ -77,15 +77,22 @@ def test_simulator_10k_sharegpt(benchmark, tmp_path: Path, capsys: pytest.Captur
     assert data["requests"] == 10000
 
 
+@pytest.fixture(scope="module")
+def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One vLLM cache folder for the engine benchmarks, as a gate session has (its path is part of what a
+    preloaded interpreter must share with the runs it forks)."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
 @pytest.mark.parametrize("start", ["fresh", "preloaded"])
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-deepseek-v2"])
-def test_engine_start_to_first_result(benchmark, tmp_path: Path, model: str, start: str) -> None:
+def test_engine_start_to_first_result(benchmark, tmp_path: Path, vllm_cache: Path, model: str, start: str) -> None:
     """Engine subprocess start to its result: 1 request of 16 + 1 tokens, in a fresh interpreter or forked from
     the preloaded one (started, and its model inspected, by an untimed run first: Note [preloaded engines])."""
     spec = EngineSpec(model=model, requests=1, block_size=small_run_block_size(model), max_model_len=256,
                       kv_budget_gib=0.0625, workload_params={"prompt_len": 16, "output_len": 1})
     preload = tmp_path / "preload" if start == "preloaded" else None
-    cache = tmp_path / "vllm-cache"
+    cache = vllm_cache
     if preload is not None:
         run_engine(spec, ROOT, tmp_path / "warm", cache_root=cache, preload=preload)
     result = benchmark.pedantic(lambda: run_engine(spec, ROOT, tmp_path / "run", cache_root=cache, preload=preload),
