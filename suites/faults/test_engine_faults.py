@@ -109,8 +109,23 @@ def test_kv_budget_too_small_is_refused_before_an_engine_starts(project_root: Pa
         "max_model_len")
 
 
-def test_kv_budget_too_small_in_the_engine(engine: Engine, vllm_untouched: None) -> None:
-    """vLLM's own check refuses the budget; the gate says so, with its figures and vLLM's message."""
+def test_kv_budget_too_small_is_refused_in_the_engine_arguments_too(project_root: Path) -> None:
+    """A budget set as the engine argument is checked too, and the error names that argument."""
+    with pytest.raises(SpecError) as info:
+        validate(OOM_SPEC, project_root)
+    assert str(info.value) == (
+        "spec engine argument 'kv_cache_memory_bytes' = 524288 is too small: one request of max_model_len 2048 "
+        "tokens needs 2129920 B of KV (1024 B/token for tiny-llama); raise it to at least 2129920 or lower "
+        "max_model_len")
+
+
+def test_kv_budget_too_small_in_the_engine(engine: Engine, vllm_untouched: None,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own check refuses the budget; the gate says so, with its figures and vLLM's message. (The gate's
+    check before the engine starts would refuse it first: it is switched off here, as if it had missed it.)"""
+    import vramgate.engine.runner as runner
+
+    monkeypatch.setattr(runner, "validate", lambda spec, root: None)
     with pytest.raises(EngineError) as info:
         engine.cache.run(OOM_SPEC)
     err = info.value

@@ -235,6 +235,12 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
     per_token, need = kv_need(spec, root)
     budget = kv_budget_bytes(spec)
     if need > budget:
+        if isinstance(spec.engine_args.get("kv_cache_memory_bytes"), int | float):  # the budget in force
+            raise SpecError(
+                f"spec engine argument 'kv_cache_memory_bytes' = {budget} is too small: one request of "
+                f"max_model_len {spec.max_model_len} tokens needs {need} B of KV ({per_token} B/token for "
+                f"{spec.model}); raise it to at least {need} or lower max_model_len"
+            )
         raise SpecError(
             f"spec field 'kv_budget_gib' = {spec.kv_budget_gib!r} is too small: one request of max_model_len "
             f"{spec.max_model_len} tokens needs {need / 2**30:.4f} GiB of KV ({per_token} B/token for "
