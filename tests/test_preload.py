@@ -165,7 +165,7 @@ def test_a_dead_preloaded_interpreter_kills_its_children_and_says_so(stand_in: t
     child = spawn([*command, str(run / "out.json"), "sleep"], env, run)
     (interpreter,) = preload.interpreter_pids()
     os.kill(interpreter, signal.SIGKILL)
-    with pytest.raises(preload.PreloadError, match="went away before it ended: it was killed by signal 9"):
+    with pytest.raises(preload.PreloadError, match="went away before it ended: it was killed by SIGKILL"):
         child.wait(30)
     deadline = time.monotonic() + 10
     while Path(f"/proc/{child.pid}").exists() and time.monotonic() < deadline:

@@ -35,8 +35,8 @@ def test_the_first_asker_computes_and_a_concurrent_one_waits_and_reads(tmp_path:
         time.sleep(0.05)
     for t in threads:
         t.join()
-    assert calls == ["w0"]
-    assert results["w1"] == results["w2"] == results["w0"] == {"figure": 42, "by": "w0"}
+    assert len(calls) == 1  # whichever got the lock first computed it; the others read its result
+    assert results["w1"] == results["w2"] == results["w0"] == {"figure": 42, "by": calls[0]}
     assert SharedResults(tmp_path).get("simulation y", lambda: {"figure": 1}, dict, as_is) == {"figure": 1}
     assert not list(tmp_path.glob(".*.lock"))  # no lock file stays
 

@@ -50,7 +50,13 @@ def read_json(path: Path, error: Callable[[str], Exception], where: str | None =
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{name}: cannot be read: {exc}") from None
+    return parse_json(text, error, name)
+
+
+def parse_json(text: str, error: Callable[[str], Exception], where: str) -> Any:
+    """The JSON data of *text*; ``error(message)`` raised naming *where* and the line and column when it is not
+    valid JSON."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise error(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise error(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None

@@ -40,6 +40,14 @@ def tick_text(value: float) -> str:
     return f"{value:.6g}"
 
 
+def _opening(css_class: str, width: int, height: int, title: str) -> list[str]:
+    """The first parts of a chart: the ``<svg>`` element, its title for screen readers, the title drawn."""
+    return [f'<svg class="{css_class}" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" {FONT}>',
+            f"<title>{escape(title)}</title>",
+            _text(8, 20, title, size=14, weight="600")]
+
+
 def _text(x: float, y: float, text: str, *, anchor: str = "start", size: int = 12, weight: str = "normal",
           color: str = "#24292f", extra: str = "") -> str:
     return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" font-weight="{weight}" '
@@ -71,10 +79,7 @@ def bar_chart(labels: list[str], values: list[float], colors: list[str], *, titl
     def x(v: float) -> float:
         return left + (v - lo) / (hi - lo) * plot_w
 
-    parts = [f'<svg class="{css_class}" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" {FONT}>',
-             f"<title>{escape(title)}</title>",
-             _text(8, 20, title, size=14, weight="600")]
+    parts = _opening(css_class, width, height, title)
     for t in ticks:
         parts.append(f'<line x1="{x(t):.1f}" y1="{top - 4}" x2="{x(t):.1f}" y2="{height - bottom + 4}" '
                      f'stroke="#d0d7de" stroke-width="1"/>')
@@ -119,10 +124,7 @@ def line_chart(x_labels: list[str], lines: list[Line], *, title: str, unit: str 
     def y(v: float) -> float:
         return top + (hi - v) / (hi - lo) * plot_h
 
-    parts = [f'<svg class="{css_class}" width="{width}" height="{total}" '
-             f'viewBox="0 0 {width} {total}" role="img" {FONT}>',
-             f"<title>{escape(title)}</title>",
-             _text(8, 20, title, size=14, weight="600")]
+    parts = _opening(css_class, width, total, title)
     for t in ticks:
         parts.append(f'<line x1="{left}" y1="{y(t):.1f}" x2="{left + plot_w}" y2="{y(t):.1f}" stroke="#d0d7de" '
                      'stroke-width="1"/>')

@@ -36,8 +36,8 @@ process over its stdout; it exits when the gate process closes its stdin (or
 dies). If it dies first, the children it had started are killed and waiting on
 them raises :class:`PreloadError`.
 
-This module imports nothing of the gate's: its server side runs before
-anything else is imported. Longer than 400 lines: both sides of one protocol,
+Its server side imports nothing of the gate's: it runs before anything else
+is imported. Longer than 400 lines: both sides of one protocol,
 the gate's and the preloaded interpreter's, are kept together so that a change
 to one is made next to the other.
 """
@@ -184,7 +184,9 @@ class Preloader:
         self.proc.wait()
         with self.cond:
             if self.state in ("starting", "ready"):
-                self.why = f"it {_describe(self.proc.returncode)} (log: {self.log_path})"
+                from vramgate.runtime.process import describe_exit  # here: that module imports this one
+
+                self.why = f"it {describe_exit(self.proc.returncode or 0)} (log: {self.log_path})"
             self.state = "gone" if self.state != "refused" else self.state
             for child in self.children.values():
                 if child.returncode is None and not child.lost:
@@ -312,14 +314,6 @@ def close_all() -> None:
         _refused.clear()
     for preloader in preloaders:
         preloader.close()
-
-
-def _describe(status: int | None) -> str:
-    if status is None:
-        return "is still running"
-    if status < 0:
-        return f"was killed by signal {-status}"
-    return f"exited with status {status}"
 
 
 # The preloaded interpreter's side.

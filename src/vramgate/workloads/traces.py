@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.metrics import percentiles
+from vramgate.core.records import parse_json
 from vramgate.store.files import atomic_write_text
 from vramgate.workloads import GENERATORS, RequestSpec, Workload, WorkloadError, workloads_dir
 
@@ -165,17 +166,10 @@ def _text(value: Any, where: str, field: str) -> str:
     return value
 
 
-def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-
-
 def _read_sharegpt(path: Path, text: str, tokens_per_word: float) -> list[RequestSpec]:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except json.JSONDecodeError as exc:  # the file's line first: a ShareGPT file is one long JSON document
         raise WorkloadError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(data, list):
         raise WorkloadError(f"{path}: a ShareGPT file is a JSON list of conversations, got {type(data).__name__}")
@@ -213,7 +207,7 @@ def _read_jsonl(path: Path, text: str, tokens_per_word: float, output_len: int |
         if not line.strip():
             continue
         where = f"{path} line {number}"
-        record = _json(line, where)
+        record = parse_json(line, WorkloadError, where)
         if not isinstance(record, dict):
             raise WorkloadError(f"{where}: expected a JSON object with 'prompt', got {type(record).__name__}")
         if "prompt_len" in record:
