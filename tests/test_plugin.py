@@ -538,3 +538,56 @@ def test_engine_fixtures_are_named_in_the_ini(pytester: pytest.Pytester) -> None
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*vramgate hygiene: test_server.py::test_leaves_a_process left behind:*",
                                  "*- child process * still running: *time.sleep(30)*"])
+
+
+def test_timings_of_a_machine_of_another_speed_are_not_compared(pytester: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [machine speed]: a measured machine-bound timing is judged only against a baseline whose machine ran
+    the speed probe at the same speed; a slower machine of the same hardware key makes it "not compared", a
+    regression on the same machine still fails, and a baseline without a recorded speed is never compared."""
+    from vramgate.machine import speed
+
+    pytester.makepyfile(
+        test_lat="""
+        import os, random
+        def test_lat(gate):
+            rng = random.Random(1)
+            scale = float(os.environ.get("SCALE", "1.0"))
+            gate.record_samples("tpot", [scale * 0.010 * rng.lognormvariate(0, 0.03) for _ in range(10)], unit="s")
+        """
+    )
+    monkeypatch.setattr(speed, "machine_speed_s", lambda: 0.2)
+    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=1)
+    path = pytester.path / "baselines" / "test-hw" / "lat.json"
+    data = json.loads(path.read_text())
+    assert data["tests"]["test_lat.py::test_lat"]["recorded"]["machine_speed_s"] == 0.2
+    monkeypatch.setenv("SCALE", "2.5")
+    pytester.runpytest(*HW).assert_outcomes(failed=1)  # the same machine: a 2.5x slower TPOT is a regression
+    monkeypatch.setattr(speed, "machine_speed_s", lambda: 0.32)  # a machine 1.6x slower
+    result = pytester.runpytest(*HW, "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*tpot*not compared*"])
+    del data["tests"]["test_lat.py::test_lat"]["recorded"]["machine_speed_s"]
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(speed, "machine_speed_s", lambda: 0.2)
+    result = pytester.runpytest(*HW, "-v", "--gate-report", "out")
+    result.assert_outcomes(passed=1)
+    finding = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert "records no machine speed" in json.dumps(finding)
+
+
+@pytest.mark.parametrize(("now", "then", "compared"), [(0.2, 0.2, True), (0.2, 0.26, True), (0.26, 0.2, True),
+                                                        (0.2, 0.13, False), (0.13, 0.2, False), (0.2, None, False)])
+def test_speed_band(now: float, then: float | None, compared: bool) -> None:
+    from vramgate.machine.speed import speed_mismatch
+
+    assert (speed_mismatch(now, then) is None) is compared
+
+
+def test_baseline_speed_must_be_a_positive_number(tmp_path: Path) -> None:
+    from vramgate.store.baselines import BaselineError, parse_baseline
+
+    text = json.dumps({"schema": 1, "suite": "lat", "tests": {"t": {"metrics": {}, "recorded": {
+        "date": "2026-12-01T00:00:00Z", "machine_speed_s": -1}}}})
+    with pytest.raises(BaselineError, match=r"lat.json: tests\['t'\].recorded.machine_speed_s: must be a positive"):
+        parse_baseline(tmp_path / "lat.json", text)

@@ -13,10 +13,23 @@ class Provenance:
     commit: str | None
     date: str
     software: dict[str, str]
+    machine_speed_s: float | None = None
+    """The machine's speed probe when these figures were recorded (Note [machine speed] in
+    :mod:`vramgate.machine.speed`); None where it was not measured (files written before it existed)."""
 
     def to_json(self) -> dict[str, Any]:
-        """This provenance as JSON data: commit, date and software versions."""
-        return {"commit": self.commit, "date": self.date, "software": dict(self.software)}
+        """This provenance as JSON data: commit, date, software versions and, when measured, the machine's speed."""
+        data: dict[str, Any] = {"commit": self.commit, "date": self.date, "software": dict(self.software)}
+        if self.machine_speed_s is not None:
+            data["machine_speed_s"] = self.machine_speed_s
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Provenance:
+        """The provenance that :meth:`to_json` wrote (fields already checked by the reader)."""
+        speed = data.get("machine_speed_s")
+        return cls(data.get("commit"), data["date"], dict(data.get("software", {})),
+                   None if speed is None else float(speed))
 
     def describe(self) -> str:
         """One line saying when, at which commit and with which software versions the figure was recorded."""

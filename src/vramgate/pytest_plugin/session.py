@@ -12,8 +12,9 @@ import pytest
 
 from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget
 from vramgate.core.claims import ClaimVerdict
+from vramgate.core.metrics import relative_change
 from vramgate.core.provenance import Provenance
-from vramgate.machine import hardware
+from vramgate.machine import hardware, speed
 from vramgate.machine.software import git_commit, now_utc, software_versions, version_mismatches
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_value
@@ -131,12 +132,14 @@ class GateSession:
                     self._software.update({**env.versions(), "engine_python": env.python})
         return self._software
 
-    def provenance(self) -> Provenance:
-        """Where a baseline written now comes from: this commit, now, this software."""
+    def provenance(self, scope: str = "portable") -> Provenance:
+        """Where a baseline written now comes from: this commit, now, this software, and for machine-bound
+        figures this machine's speed (Note [machine speed] in :mod:`vramgate.machine.speed`)."""
         if self._commit is False:
             self._commit = git_commit(self.config.rootpath)
         commit = self._commit if isinstance(self._commit, str) else None
-        return Provenance(commit=commit, date=now_utc(), software=self.software)
+        return Provenance(commit=commit, date=now_utc(), software=self.software,
+                          machine_speed_s=speed.machine_speed_s() if scope == "machine" else None)
 
     # -- collection ------------------------------------------------------------
 
@@ -237,6 +240,13 @@ class GateSession:
                 findings.append(Finding(metric, missing, budget=budget,
                                         detail=f"{key} has no baselines" if missing == "no baselines" else ""))
                 continue
+            slower = (speed.speed_mismatch(speed.machine_speed_s(), entry.recorded.machine_speed_s)
+                      if entry and metric.kind == "measured" and metric.effective_scope == "machine" else None)
+            if slower is not None:  # Note [machine speed]: a timing of another machine is not compared
+                verdict = "updated" if self.update and recordable and writes else "not compared"
+                findings.append(Finding(metric, verdict, base, entry.recorded if entry else None,
+                                        relative_change(metric.value, base.value), budget, slower))
+                continue
             verdict, change, how = check_baseline(metric, base)
             if self.update and recordable and writes and verdict != "ok":
                 verdict = "updated"
@@ -270,7 +280,8 @@ class GateSession:
         else:
             return
         key = self.key_for(scope)
-        self.pending.setdefault((key, result.suite), {})[result.nodeid] = NodeBaseline(metrics, self.provenance())
+        self.pending.setdefault((key, result.suite), {})[result.nodeid] = NodeBaseline(metrics,
+                                                                                       self.provenance(scope))
 
     def write_baselines(self) -> None:
         """Write the queued baselines; what cannot be written becomes an error of the session."""

@@ -48,7 +48,7 @@ def finding_from(data: dict[str, Any]) -> Finding:
     prov = data["provenance"]
     return Finding(_unmetric(data["metric"]), data["verdict"],
                    _unmetric(data["baseline"]) if data["baseline"] else None,
-                   Provenance(prov["commit"], prov["date"], dict(prov["software"])) if prov else None,
+                   Provenance.from_json(prov) if prov else None,
                    _unnumber(data["change"]), data["budget"], data["detail"])
 
 

@@ -172,12 +172,16 @@ def parse_baseline(path: Path, text: str) -> BaselineFile:
         )
         commit = rec.get("commit")
         _require(commit is None or isinstance(commit, str), path, f"{where}.recorded.commit", "must be a string")
+        speed = rec.get("machine_speed_s")
+        _require(speed is None or (isinstance(speed, int | float) and not isinstance(speed, bool) and speed > 0),
+                 path, f"{where}.recorded.machine_speed_s", "must be a positive number of seconds")
         tests[nodeid] = NodeBaseline(
             metrics={
                 name: parse_metric(path, f"{where}.metrics[{name!r}]", name, raw)
                 for name, raw in metrics_raw.items()
             },
-            recorded=Provenance(commit=commit, date=rec["date"], software=software),
+            recorded=Provenance(commit=commit, date=rec["date"], software=software,
+                                machine_speed_s=None if speed is None else float(speed)),
         )
     return BaselineFile(path=path, suite=suite, hardware=hardware, tests=tests)
 
