@@ -7,6 +7,7 @@ which may split or move.
 from typing import TYPE_CHECKING
 
 from vramgate._moved import forwarding
+from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.paired import (
     PairedEngines,
     PairedResult,
@@ -42,6 +43,7 @@ __all__ = [
     "EngineError",
     "EngineResult",
     "EngineSpec",
+    "MemoryDecision",
     "PairedEngines",
     "PairedResult",
     "SpecError",

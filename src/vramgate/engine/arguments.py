@@ -37,22 +37,27 @@ def gpu_utilization(kv_bytes: int, weights_bytes: int, device_total_bytes: int) 
     return round(min(GPU_UTILIZATION_MAX, max(0.01, need / device_total_bytes)), 4)
 
 
-def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None = None) -> dict[str, Any]:
+def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None = None,
+               node_memory_bytes: int | None = None) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for *spec* (model config folder *model_dir*, dummy weights): the
     one place that builds vLLM's engine arguments, for both tiers. On a GPU (*device_total_bytes* given) the
-    start-up utilization follows Note [GPU utilization] unless the spec's engine arguments set it."""
+    start-up utilization follows Note [GPU utilization] unless the spec's engine arguments set it.
+
+    A spec without a KV budget (Note [automatic KV] in :mod:`vramgate.engine.memory_decision`) passes no
+    ``kv_cache_memory_bytes``: vLLM sizes the KV cache at the spec's ``gpu_memory_utilization`` (GPU) or at the
+    fraction of the NUMA node (*node_memory_bytes*) that ``cpu_memory_bytes`` is (CPU)."""
+    budget = kv_budget_bytes(spec)
+    if budget is None:
+        return _automatic_kwargs(spec, model_dir, device_total_bytes, node_memory_bytes)
     kwargs: dict[str, Any] = dict(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
         block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
         enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
-        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=kv_budget_bytes(spec),
+        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=budget,
         seed=spec.seed, disable_log_stats=False,
     )
-    if spec.attention_backend:
-        kwargs["attention_backend"] = spec.attention_backend
-    if spec.quantization:
-        kwargs["quantization"] = spec.quantization
+    _backend_and_quantization(spec, kwargs)
     if device_total_bytes:
         from vramgate.models.config import ModelConfigError, read_config
         from vramgate.models.quant import QuantConfigError, weight_size
@@ -63,5 +68,37 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None
             weights = 0
         kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"], weights,
                                                            device_total_bytes)
+    kwargs.update(spec.engine_args)
+    return kwargs
+
+
+def _backend_and_quantization(spec: EngineSpec, kwargs: dict[str, Any]) -> None:
+    if spec.attention_backend:
+        kwargs["attention_backend"] = spec.attention_backend
+    if spec.quantization:
+        kwargs["quantization"] = spec.quantization
+
+
+def _automatic_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None,
+                      node_memory_bytes: int | None) -> dict[str, Any]:
+    """:func:`llm_kwargs` for a spec whose KV cache vLLM sizes itself: no ``kv_cache_memory_bytes``, the
+    serving configuration's utilization, and CUDA graphs as the spec (vLLM's default: on) has them."""
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
+        block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
+        enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
+        tensor_parallel_size=spec.tensor_parallel_size, seed=spec.seed, disable_log_stats=False,
+    )
+    _backend_and_quantization(spec, kwargs)
+    if device_total_bytes is None and spec.cpu_memory_bytes is not None:
+        if not node_memory_bytes:
+            raise ValueError("a CPU engine with cpu_memory_bytes needs the NUMA node's memory to turn it into "
+                             "gpu_memory_utilization")
+        from vramgate.engine.memory_decision import cpu_utilization
+
+        kwargs["gpu_memory_utilization"] = cpu_utilization(spec.cpu_memory_bytes, node_memory_bytes)
+    elif spec.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
     kwargs.update(spec.engine_args)
     return kwargs

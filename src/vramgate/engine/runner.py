@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.records import record_fields
+from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.spec import (
     KV_TOO_SMALL,
     EngineSpec,
@@ -70,6 +71,8 @@ class EngineError(RuntimeError):
 KNOWN_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"To serve at least one request with the model's max seq len"), KV_TOO_SMALL),
     (re.compile(r"No available memory for the cache blocks"), "no memory left for the KV cache"),
+    (re.compile(r"is less than desired CPU memory utilization|on kv cache allocation is less than requested memory"),
+     "the requested CPU memory is more than the node has free, or less than the engine uses before its KV cache"),
     (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"), "device out of memory"),
     (re.compile(r"DefaultCPUAllocator: can't allocate memory|\bMemoryError\b"), "host out of memory"),
 )
@@ -102,12 +105,18 @@ class EngineResult:
     timing: dict[str, float]
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""
+    decision: MemoryDecision | None = None
+    """What vLLM decided about memory when it sized the KV cache itself (Note [automatic KV]); None for a run
+    with a KV budget."""
 
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> EngineResult:
         """The result in *data*; ``TypeError`` naming what is missing when it is not one. Fields it does not
         know (the worker's own, such as ``planted_delay``) are left out."""
-        return cls(**record_fields(cls, data, where, TypeError, ignore_unknown=True))
+        fields = record_fields(cls, data, where, TypeError, ignore_unknown=True)
+        if fields.get("decision") is not None:
+            fields["decision"] = MemoryDecision.from_json(fields["decision"], f"{where or 'result'}: decision")
+        return cls(**fields)
 
     def to_json(self) -> dict[str, Any]:
         """The result as a JSON object (what :meth:`from_json` reads)."""
@@ -152,6 +161,9 @@ def _kv_figures(spec: EngineSpec, root: Path) -> str:
     except ModelConfigError:
         return ""
     budget = kv_budget_bytes(spec)
+    if budget is None:
+        return f"vLLM sized the KV cache itself; one request of max_model_len {spec.max_model_len} tokens needs " \
+               f"{format_value(need, 'B', precise=True)} at {per_token} B/token"
     return (f"KV budget {format_value(budget, 'B', precise=True)}; one request of max_model_len "
             f"{spec.max_model_len} tokens needs {format_value(need, 'B', precise=True)} at {per_token} B/token")
 

@@ -52,8 +52,14 @@ class EngineSpec:
     max_model_len: int = 2048
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    kv_budget_gib: float = 0.25
-    """KV cache budget in GiB, passed to vLLM as ``kv_cache_memory_bytes`` (CPU and GPU)."""
+    kv_budget_gib: float | None = 0.25
+    """KV cache budget in GiB, passed to vLLM as ``kv_cache_memory_bytes`` (CPU and GPU); None: vLLM sizes the KV
+    cache itself at the spec's memory utilization (Note [automatic KV] in :mod:`vramgate.engine.memory_decision`)."""
+    gpu_memory_utilization: float | None = None
+    """With an automatic KV cache (``kv_budget_gib = None``): vLLM's ``gpu_memory_utilization`` on the GPU tier."""
+    cpu_memory_bytes: int | None = None
+    """With an automatic KV cache on the CPU tier: the memory vLLM's CPU worker requests, turned into the fraction
+    of this machine's NUMA node that ``gpu_memory_utilization`` means there."""
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
@@ -82,8 +88,9 @@ class EngineSpec:
         """A stable hash of everything that affects the run (identical specs run once per session)."""
         data = self.to_json()
         data.pop("timeout_s")
-        if data["python"] is None:
-            data.pop("python")  # the keys of specs without an interpreter stay what they were
+        for name in ("python", "gpu_memory_utilization", "cpu_memory_bytes"):
+            if data[name] is None:
+                data.pop(name)  # the keys of specs without them stay what they were
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> EngineSpec:
@@ -182,10 +189,13 @@ def kv_need(spec: EngineSpec, root: Path) -> tuple[int, int]:
     return per_token, (-(-spec.max_model_len // spec.block_size) + 1) * spec.block_size * per_token
 
 
-def kv_budget_bytes(spec: EngineSpec) -> int:
-    """The KV budget the engine gets: ``kv_budget_gib``, unless an engine argument overrides it."""
+def kv_budget_bytes(spec: EngineSpec) -> int | None:
+    """The KV budget the engine gets: ``kv_budget_gib``, unless an engine argument overrides it; None where vLLM
+    sizes the KV cache itself (Note [automatic KV] in :mod:`vramgate.engine.memory_decision`)."""
     override = spec.engine_args.get("kv_cache_memory_bytes")
-    return int(override) if isinstance(override, int | float) else int(spec.kv_budget_gib * 2**30)
+    if isinstance(override, int | float):
+        return int(override)
+    return None if spec.kv_budget_gib is None else int(spec.kv_budget_gib * 2**30)
 
 
 def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
@@ -212,13 +222,25 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         raise bad("max_model_len", spec.max_model_len, "need at least 16")
     if spec.max_num_seqs < 1 or spec.max_num_batched_tokens < 1:
         raise SpecError("spec fields 'max_num_seqs' and 'max_num_batched_tokens' must be >= 1")
-    if spec.kv_budget_gib <= 0:
-        raise bad("kv_budget_gib", spec.kv_budget_gib, "need a positive number of GiB")
+    if spec.kv_budget_gib is not None and spec.kv_budget_gib <= 0:
+        raise bad("kv_budget_gib", spec.kv_budget_gib, "need a positive number of GiB, or None for vLLM's own sizing")
+    if spec.gpu_memory_utilization is not None and not 0 < spec.gpu_memory_utilization <= 1:
+        raise bad("gpu_memory_utilization", spec.gpu_memory_utilization, "need a fraction in (0, 1]")
+    if spec.cpu_memory_bytes is not None and spec.cpu_memory_bytes <= 0:
+        raise bad("cpu_memory_bytes", spec.cpu_memory_bytes, "need a positive number of bytes")
+    tier = tier or engine_tier()
+    if kv_budget_bytes(spec) is None and "gpu_memory_utilization" not in spec.engine_args:
+        if tier == "gpu" and spec.gpu_memory_utilization is None:
+            raise SpecError("spec field 'gpu_memory_utilization' is needed on the GPU tier when vLLM sizes the KV "
+                            "cache itself (kv_budget_gib None)")
+        if tier == "cpu" and spec.cpu_memory_bytes is None and spec.gpu_memory_utilization is None:
+            raise SpecError("spec field 'cpu_memory_bytes' (or 'gpu_memory_utilization') is needed on the CPU tier "
+                            "when vLLM sizes the KV cache itself (kv_budget_gib None)")
     if spec.tensor_parallel_size < 1:
         raise bad("tensor_parallel_size", spec.tensor_parallel_size, "need at least 1")
     if spec.timeout_s <= 0:
         raise bad("timeout_s", spec.timeout_s, "need a positive number of seconds")
-    if (tier or engine_tier()) == "cpu":
+    if tier == "cpu":
         problem = cpu_backend_problem(spec, shape.use_mla)
         if problem:
             raise SpecError(problem)
@@ -231,10 +253,10 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         if found:
             reason, the_gpu = found
             raise (UnsupportedHere if the_gpu else SpecError)(f"spec: {reason}")
-    # A request of max_model_len must fit in the KV budget, next to vLLM's null block.
+    # A request of max_model_len must fit in the KV budget, next to vLLM's null block (vLLM's own sizing: it says).
     per_token, need = kv_need(spec, root)
     budget = kv_budget_bytes(spec)
-    if need > budget:
+    if budget is not None and need > budget:
         if isinstance(spec.engine_args.get("kv_cache_memory_bytes"), int | float):  # the budget in force
             raise SpecError(
                 f"spec engine argument 'kv_cache_memory_bytes' = {budget} is too small: one request of "

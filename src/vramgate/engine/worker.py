@@ -32,6 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from vramgate._moved import forwarding
 from vramgate.engine.arguments import llm_kwargs
+from vramgate.engine.memory_decision import (
+    cpu_node_memory_bytes,
+    decide,
+    install_hooks,
+    worker_load_peak,
+    worker_memory_decision,
+)
 from vramgate.engine.measure import (
     PLANT_WEIGHT_BYTES_ENV,
     StepTimer,
@@ -48,7 +55,7 @@ from vramgate.engine.measure import (
     worker_memory_history_dump,
     worker_memory_history_start,
 )
-from vramgate.engine.spec import EngineSpec
+from vramgate.engine.spec import EngineSpec, kv_budget_bytes
 from vramgate.machine import isa
 from vramgate.machine.probes import memory_history
 from vramgate.models.config import load_model
@@ -74,7 +81,11 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     on_gpu = torch.cuda.is_available()
-    kwargs = llm_kwargs(spec, shape.path.parent, device_total_bytes(torch))
+    automatic = kv_budget_bytes(spec) is None  # Note [automatic KV] in vramgate.engine.memory_decision
+    kwargs = llm_kwargs(spec, shape.path.parent, device_total_bytes(torch),
+                        cpu_node_memory_bytes() if automatic and not on_gpu else None)
+    if automatic:
+        install_hooks()
     history = history_dir is not None and on_gpu
     if history:
         memory_history.start(torch)  # the ranks in this process: weights, profile run and KV cache included
@@ -137,6 +148,11 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
             queue.append(m.scheduled_ts - m.queued_ts)
             preempted += m.num_preemptions or 0
     allocators = engine.collective_rpc(worker_allocator)  # after generation: Note [allocator peak]
+    decision = None
+    if automatic:
+        peaks = engine.collective_rpc(worker_load_peak)
+        decision = decide(core, cache, cfg.model_config, engine.collective_rpc(worker_memory_decision)[0],
+                          max(peaks) if peaks else None).to_json()
     stats = sched.kv_cache_manager.prefix_cache_stats
     memory: dict[str, Any] = {
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -167,7 +183,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
             "num_layers": layers,
             "bytes_per_token": page * layers // cache.block_size if page else None,
             "capacity_tokens": cache.kv_cache_size_tokens,
-            "budget_bytes": kwargs["kv_cache_memory_bytes"],
+            "budget_bytes": kwargs.get("kv_cache_memory_bytes"),
             "groups": worker["groups"],
         },
         "memory": memory,
@@ -197,6 +213,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
                    "total_s": time.perf_counter() - t0},
         "notes": notes,
         "planted_delay": timer.delay,
+        "decision": decision,
     }
 
 

@@ -93,6 +93,53 @@ model = "tiny-deepseek-v2"
 tier = "gpu"
 block_size = 64
 nightly = "more block sizes of the same accounting: no profile changes them"
+
+# The KV cache a serving team gets: no KV budget, vLLM sizes it itself at the team's memory after its warm-up
+# (CPU: the requested memory minus the worker's RSS after the compiled model's warm-up) or its memory profiling
+# and CUDA-graph capture (GPU: gpu_memory_utilization of the device). docs/serving.md.
+[[entries]]
+suites = ["serving_capacity"]
+model = "tiny-llama"
+tier = "cpu"
+block_size = 32
+[entries.serving]
+cpu_memory = "2 GiB"
+max_model_len = 2048
+max_num_seqs = 32
+[entries.budgets]
+capacity_tokens = ">= 1000000"
+max_concurrency = ">= 500"
+
+[[entries]]
+suites = ["serving_capacity"]
+model = "tiny-deepseek-v2"
+tier = "cpu"
+block_size = 16
+nightly = "the MLA model's serving capacity: the same warm-up and sizing path as tiny-llama's"
+[entries.serving]
+cpu_memory = "2 GiB"
+max_model_len = 2048
+max_num_seqs = 32
+
+[[entries]]
+suites = ["serving_capacity"]
+model = "tiny-llama"
+tier = "gpu"
+block_size = 16
+[entries.serving]
+gpu_memory_utilization = 0.90
+max_model_len = 2048
+max_num_seqs = 32
+
+[[entries]]
+suites = ["serving_capacity"]
+model = "tiny-deepseek-v2"
+tier = "gpu"
+block_size = 16
+[entries.serving]
+gpu_memory_utilization = 0.90
+max_model_len = 2048
+max_num_seqs = 32
 """
 
 #: Where errors in the built-in default say it came from.

@@ -22,6 +22,9 @@ A matrix is a TOML file (the project's ``vramgate.toml``; see ``docs/matrix.md``
 
 :func:`load_matrix` reads and validates one; every error is a :class:`MatrixError` that names the file and
 the field (``vramgate.toml: entries[2].blok_size: unknown field; did you mean block_size?``).
+
+Longer than 400 lines: one reader (:class:`_Reader`) checks every table of the file, models, workloads, entries,
+their budgets and serving configurations, so that each error names the file and the field the same way.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from vramgate.models.config import available_models
 from vramgate.workloads import GENERATORS
 
 #: The suites an entry may name (the folders under ``suites/`` that parametrize from the matrix).
-SUITES = ("kv_cache", "capacity", "latency")
+SUITES = ("kv_cache", "capacity", "latency", "serving_capacity")
 #: Suites that read vLLM's KV accounting only, and the entry fields only an engine run uses (an entry of those
 #: suites alone that sets one would have it ignored).
 KV_ONLY_SUITES = frozenset({"kv_cache"})
@@ -48,7 +51,13 @@ SUITE_METRICS: dict[str, tuple[str, ...]] = {
     "kv_cache": ("page_bytes", "bytes_per_token", "kv_blocks_per_gib", "capacity_tokens_per_gib"),
     "capacity": ("page_bytes", "num_gpu_blocks", "capacity_tokens", "weights_bytes"),
     "latency": ("ttft", "tpot", "e2e", "request_throughput"),
+    "serving_capacity": ("kv_cache_bytes", "capacity_tokens", "max_concurrency", "non_kv_bytes",
+                         "load_peak_fraction", "cudagraph_bytes", "cudagraph_estimate_bytes"),
 }
+#: Suites that run the entry's serving configuration and need one (``[entries.serving]``).
+SERVING_SUITES = frozenset({"serving_capacity"})
+#: vLLM 0.32.0's ``CUDAGraphMode`` names a serving configuration may give.
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 #: The engine tiers an entry may name.
 TIERS = ("cpu", "gpu")
 #: The file a project's matrix lives in, at its root.
@@ -111,6 +120,36 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Serving:
+    """An entry's serving configuration: how the team starts vLLM, so that vLLM sizes the KV cache itself (no
+    ``kv_cache_memory_bytes``; Note [automatic KV] in :mod:`vramgate.engine.memory_decision`)."""
+
+    gpu_memory_utilization: float | None = None
+    """vLLM's ``gpu_memory_utilization`` on the GPU tier (e.g. 0.90)."""
+    cpu_memory: int | None = None
+    """Bytes the CPU worker requests (the CPU tier's reading of the same knob, made portable across machines)."""
+    enforce_eager: bool = False
+    """False (vLLM's default): CUDA graphs are captured (on CPU: the model is compiled)."""
+    cudagraph_mode: str | None = None
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+
+    def describe(self) -> str:
+        """One line: the serving configuration."""
+        parts = []
+        if self.gpu_memory_utilization is not None:
+            parts.append(f"gpu_memory_utilization {self.gpu_memory_utilization:g}")
+        if self.cpu_memory is not None:
+            parts.append(f"cpu_memory {self.cpu_memory / 2**30:g} GiB")
+        parts.append("eager" if self.enforce_eager else "cuda graphs" + (f" {self.cudagraph_mode}"
+                                                                         if self.cudagraph_mode else ""))
+        parts.append(f"max_model_len {self.max_model_len}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class Entry:
     """One ``[[entries]]`` table: the suites that run one model, where, how, and the budgets they meet."""
 
@@ -130,6 +169,7 @@ class Entry:
     nightly: str | None = None
     """Why this entry runs in the full gate only (the ``gate_nightly`` mark's reason); None: every run."""
     budgets: tuple[Budget, ...] = ()
+    serving: Serving | None = None
 
     def describe(self) -> str:
         """One line: what the entry runs."""
@@ -142,6 +182,8 @@ class Entry:
             parts.append(f"quant {self.quantization}")
         if self.workload:
             parts.append(f"workload {self.workload.name}")
+        if self.serving:
+            parts.append(f"serving ({self.serving.describe()})")
         if self.budgets:
             parts.append("budgets " + "; ".join(b.describe() for b in self.budgets))
         return ", ".join(parts)
@@ -263,7 +305,43 @@ def _workload(source: str, name: str, table: object) -> Workload:
 
 
 ENTRY_FIELDS = ("suites", "model", "tier", "gpu", "tp", "dtype", "kv_cache_dtype", "block_size", "quantization",
-                "workload", "nightly", "budgets")
+                "workload", "nightly", "budgets", "serving")
+SERVING_FIELDS = ("gpu_memory_utilization", "cpu_memory", "enforce_eager", "cudagraph_mode", "cudagraph_capture_sizes",
+                  "max_model_len", "max_num_seqs", "max_num_batched_tokens")
+
+
+def _serving(source: str, where: str, table: object, tier: str | None) -> Serving:
+    r = _Reader(source, f"{where}.serving", table, SERVING_FIELDS)
+    util = r.get("gpu_memory_utilization", (int, float))
+    if util is not None and not 0 < util <= 1:
+        raise r.fail("gpu_memory_utilization", f"must be a fraction in (0, 1], got {util}")
+    cpu_text = r.get("cpu_memory", str)
+    cpu_memory = None
+    if cpu_text is not None:
+        budget = parse_budget(source, f"{where}.serving", "cpu_memory", f"<= {cpu_text}")
+        if budget.unit != "B" or not budget.value >= 1 << 20:
+            raise r.fail("cpu_memory", f"must be an amount of memory of at least 1 MiB, like \"4 GiB\", got "
+                                       f"{cpu_text!r}")
+        cpu_memory = int(budget.value)
+    if tier in (None, "gpu") and util is None:
+        raise r.fail("gpu_memory_utilization", f"missing field: the {tier or 'gpu (and every)'} tier sizes the KV "
+                                               "cache at the team's utilization, e.g. 0.90")
+    if tier in (None, "cpu") and cpu_memory is None:
+        raise r.fail("cpu_memory", f"missing field: the {tier or 'cpu (and every)'} tier requests this much memory "
+                                   "for vLLM's CPU worker, e.g. \"2 GiB\"")
+    mode = r.get("cudagraph_mode", str)
+    if mode is not None and mode not in CUDAGRAPH_MODES:
+        raise r.fail("cudagraph_mode", f"unknown mode {mode!r}{_suggest(mode, CUDAGRAPH_MODES)}")
+    sizes = r.items("cudagraph_capture_sizes", int, ()) or None
+    if sizes is not None and any(n < 1 for n in sizes):
+        raise r.fail("cudagraph_capture_sizes", f"must be positive batch sizes, got {list(sizes)}")
+    ints = {}
+    for name, default in (("max_model_len", 2048), ("max_num_seqs", 64), ("max_num_batched_tokens", 2048)):
+        ints[name] = r.get(name, int, default)
+        if ints[name] < 1:
+            raise r.fail(name, f"must be >= 1, got {ints[name]}")
+    return Serving(None if util is None else float(util), cpu_memory, r.get("enforce_eager", bool, False), mode,
+                   sizes, **ints)
 
 
 def _entry(source: str, index: int, table: object, models: dict[str, Model],
@@ -303,6 +381,15 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
     if workload is not None and workload not in workloads:
         raise r.fail("workload",
                      f"no [workloads.{workload}] in this file{_suggest(workload, tuple(workloads) or ('(none)',))}")
+    serving_table = r.get("serving", dict)
+    serving = None if serving_table is None else _serving(source, where, serving_table, tier)
+    needs_serving = sorted(set(suites) & SERVING_SUITES)
+    if needs_serving and serving is None:
+        raise r.fail("serving", f"missing table: the {', '.join(needs_serving)} suite runs the team's serving "
+                                "configuration ([entries.serving] with gpu_memory_utilization / cpu_memory)")
+    if serving is not None and not needs_serving:
+        raise r.fail("serving", f"no suite of this entry runs a serving configuration (those that do: "
+                                f"{', '.join(sorted(SERVING_SUITES))})")
     budgets_table = r.get("budgets", dict, {})
     budgets = tuple(parse_budget(source, f"{where}.budgets", k, v) for k, v in budgets_table.items())
     recorded = sorted({m for suite in suites for m in SUITE_METRICS.get(suite, ())})
@@ -312,7 +399,7 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
                               f"that name{_suggest(budget.metric, recorded)} (they record: {', '.join(recorded)})")
     return Entry(index, suites, models[model], tier, gpu, tp, r.get("dtype", str, "bfloat16"),
                  r.items("kv_cache_dtype", str, ("auto",)), block_size, r.get("quantization", str),
-                 None if workload is None else workloads[workload], r.get("nightly", str), budgets)
+                 None if workload is None else workloads[workload], r.get("nightly", str), budgets, serving)
 
 
 def parse_matrix(text: str, source: str, root: Path | None = None) -> Matrix:

@@ -16,16 +16,24 @@ from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, 
 from vramgate.machine.probes import memory_history
 
 
+#: The option (``--gate-profile``) that applies a profile to every engine run of a session.
+PROFILE_OPTION = "gate_profile"
+
+
 class Engine:
     """Runs engine specs once per session (per pytest-xdist worker); a crash or timeout fails the test with the
     log tail, and a spec that this machine's vLLM kernels cannot run (fp8 KV, 4-bit linear layers without
     AVX-512) skips it with the reason, decided before the engine starts."""
 
-    def __init__(self, cache: EngineCache) -> None:
+    def __init__(self, cache: EngineCache, profile: str | None = None) -> None:
         self.cache = cache
+        self.profile = profile
+        """``--gate-profile``: the profile every spec that names none runs with."""
 
     def run(self, spec: EngineSpec) -> EngineResult:
         """The result of *spec*'s engine run (the session's earlier one when it already ran)."""
+        if self.profile and spec.profile is None:
+            spec = spec.replace(profile=self.profile)
         try:
             result = self.cache.run(spec)
         except UnsupportedHere as exc:

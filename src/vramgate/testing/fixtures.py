@@ -16,7 +16,7 @@ from vramgate.engine import EngineCache
 from vramgate.profiles import Profile
 from vramgate.runtime import engine_env
 from vramgate.runtime.vllm_env import vllm_environment
-from vramgate.testing.engines import Engine
+from vramgate.testing.engines import PROFILE_OPTION, Engine
 from vramgate.testing.matrix import (
     ENTRY_MARKER_HELP,
     MATRIX_OPTION,
@@ -38,6 +38,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                  "there, else the built-in default; docs/matrix.md)")
     parser.addoption("--gate-matrix", dest=MATRIX_OPTION, metavar="PATH", default=None, help=help_text)
     parser.addini(MATRIX_OPTION, help_text, default="")
+    parser.addoption("--gate-profile", dest=PROFILE_OPTION, metavar="NAME", default=None,
+                     help="run every engine of the session that names no profile with optimization profile NAME "
+                          "(a folder under patches/) applied: a candidate patch judged against the unpatched "
+                          "baselines")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -130,14 +134,24 @@ def vllm_here(vllm_env: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(vllm_env: Path, project_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
+def engine(request: pytest.FixtureRequest, vllm_env: Path, project_root: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Engine:
     """Run vLLM's offline engine on an :class:`~vramgate.engine.EngineSpec`: ``engine.run(spec)``.
 
     Each distinct spec runs once per session (the first pytest-xdist worker to ask runs it, the others read
     its result: Note [shared results]), in a subprocess, with its files in this session's temporary folder.
+    ``--gate-profile NAME`` applies a profile to every spec that names none.
     """
+    profile = request.config.getoption(PROFILE_OPTION, None)
+    if profile:
+        from vramgate.profiles import ProfileError, find_profile
+
+        try:
+            find_profile(project_root, profile)
+        except ProfileError as exc:
+            raise pytest.UsageError(f"--gate-profile: {exc}") from None
     return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine"), cache_root=vllm_env / "cache",
-                              shared=vllm_env / "results"))
+                              shared=vllm_env / "results"), profile=profile)
 
 
 @pytest.fixture(scope="session")

@@ -87,8 +87,24 @@ class MatrixCase:
                 changes["seed"] = wl.seed
             if wl.arrival_rate is not None:
                 changes["arrival_rate"] = wl.arrival_rate
+        engine_args = dict(base.engine_args)
         if self.real_weights:
-            changes["engine_args"] = {**base.engine_args, "model": entry.model.checkpoint, "load_format": "auto"}
+            engine_args.update(model=entry.model.checkpoint, load_format="auto")
+        serving = entry.serving
+        if serving is not None:  # vLLM sizes the KV cache itself (Note [automatic KV] in vramgate.engine)
+            changes.update(kv_budget_gib=None, gpu_memory_utilization=serving.gpu_memory_utilization,
+                           cpu_memory_bytes=serving.cpu_memory, enforce_eager=serving.enforce_eager,
+                           max_model_len=serving.max_model_len, max_num_seqs=serving.max_num_seqs,
+                           max_num_batched_tokens=serving.max_num_batched_tokens)
+            compilation: dict[str, Any] = {}
+            if serving.cudagraph_mode is not None:
+                compilation["cudagraph_mode"] = serving.cudagraph_mode
+            if serving.cudagraph_capture_sizes is not None:
+                compilation["cudagraph_capture_sizes"] = list(serving.cudagraph_capture_sizes)
+            if compilation:
+                engine_args["compilation_config"] = compilation
+        if engine_args != base.engine_args:
+            changes["engine_args"] = engine_args
         return base.replace(**changes)
 
     def weights_note(self) -> str:

@@ -1,0 +1,173 @@
+"""What the gate reads of vLLM's own memory sizing (Note [automatic KV] in vramgate.engine.memory_decision),
+pinned against vLLM's source: the CUDA worker's memory profiling and graph capture, the CPU worker's RSS-based
+sizing, the engine core's and the cache config's figures.
+
+The CUDA paths cannot run here, so these read the source, not a running engine: each release's ``.py`` files
+(the CUDA wheel's, unpacked by ``scripts/vllm_sources.py``; ``tox -e contracts`` does it for vLLM 0.31.0, 0.32.0
+and 0.33.0 and names the folders in ``VRAMGATE_VLLM_SOURCES``), and the installed vLLM's where there is one. A
+release that renames one of these fails here naming it, before a GPU run records a figure built on it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from vramgate.engine.memory_decision import MemoryDecision, PROFILE_FIELDS
+
+
+def _sources() -> list[Path]:
+    found = [Path(p) for p in os.environ.get("VRAMGATE_VLLM_SOURCES", "").split(os.pathsep) if p]
+    for folder in found:
+        if not (folder / "vllm" / "v1" / "worker" / "gpu_worker.py").is_file():
+            raise AssertionError(f"VRAMGATE_VLLM_SOURCES: {folder} holds no vLLM source (vllm/v1/worker/gpu_worker.py)")
+    spec = importlib.util.find_spec("vllm")  # finds the installed package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        found.append(Path(list(spec.submodule_search_locations)[0]).parent)
+    return found
+
+
+SOURCES = _sources()
+pytestmark = pytest.mark.skipif(not SOURCES, reason="no vLLM source: install vLLM or set VRAMGATE_VLLM_SOURCES "
+                                                   "(tox -e contracts)")
+
+
+def _version(root: Path) -> str:
+    version = root / "vllm" / "_version.py"
+    text = version.read_text() if version.is_file() else ""
+    import re
+
+    found = re.search(r"^__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)['\"]", text, re.M) or \
+        re.search(r"^__version__(?:\s*:\s*str)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return found.group(1) if found else root.name
+
+
+@pytest.fixture(params=SOURCES, ids=[_version(p) for p in SOURCES])
+def vllm_src(request: pytest.FixtureRequest) -> Path:
+    return request.param / "vllm"
+
+
+def module(src: Path, name: str) -> ast.Module:
+    path = src / name
+    assert path.is_file(), f"vLLM {src.parent.name}: {name} is gone"
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def cls(tree: ast.Module, name: str) -> ast.ClassDef:
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"class {name} is gone"
+    return found[0]
+
+
+def method(klass: ast.ClassDef, name: str) -> ast.FunctionDef:
+    found = [n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert found, f"{klass.name}.{name} is gone"
+    return found[0]
+
+
+def self_assigned(node: ast.AST) -> set[str]:
+    """The ``self.X`` attributes *node* assigns."""
+    names = set()
+    for n in ast.walk(node):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                names.add(t.attr)
+    return names
+
+
+def attributes_read(node: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def calls(node: ast.AST) -> set[str]:
+    """The names of what *node* calls: ``f(...)`` as ``f``, ``a.b.f(...)`` as ``f``."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            out.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+    return out
+
+
+def fields(klass: ast.ClassDef) -> set[str]:
+    return {n.target.id for n in klass.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def test_engine_core_keeps_the_available_kv_memory(vllm_src: Path) -> None:
+    """decide() reads EngineCore.available_gpu_memory_for_kv_cache, set from the executor's
+    determine_available_memory."""
+    init = method(cls(module(vllm_src, "v1/engine/core.py"), "EngineCore"), "_initialize_kv_caches")
+    assert "available_gpu_memory_for_kv_cache" in self_assigned(init)
+    assert "determine_available_memory" in calls(init)
+
+
+def test_cache_config_holds_the_capacity_figures(vllm_src: Path) -> None:
+    config = cls(module(vllm_src, "config/cache.py"), "CacheConfig")
+    assert {"gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks", "kv_cache_size_tokens",
+            "kv_cache_max_concurrency"} <= fields(config)
+    utils = (vllm_src / "v1/core/kv_cache_utils.py").read_text(encoding="utf-8")
+    assert "cache_config.kv_cache_size_tokens = " in utils and "cache_config.kv_cache_max_concurrency = " in utils
+
+
+def test_cpu_worker_sizes_the_kv_cache_from_its_rss_after_warm_up(vllm_src: Path) -> None:
+    """worker_memory_decision reads CPUWorker.requested_cpu_memory; the plant (tests/data/profiles) patches
+    CPUModelRunner.warming_up_model, which determine_available_memory runs before it reads the RSS."""
+    worker = cls(module(vllm_src, "v1/worker/cpu_worker.py"), "CPUWorker")
+    assert "requested_cpu_memory" in self_assigned(method(worker, "__init__"))
+    decide = method(worker, "determine_available_memory")
+    assert {"requested_cpu_memory", "kv_cache_memory_bytes", "rss"} <= attributes_read(decide)
+    assert {"warming_up_model", "get_memory_node_info", "get_allowed_cpu_list"} <= calls(decide)
+    method(cls(module(vllm_src, "v1/worker/cpu_model_runner.py"), "CPUModelRunner"), "warming_up_model")
+    utils = module(vllm_src, "utils/cpu_resource_utils.py")
+    assert {"get_allowed_cpu_list", "get_memory_node_info"} <= {n.name for n in utils.body
+                                                                 if isinstance(n, ast.FunctionDef)}
+    assert "total_memory" in fields(cls(utils, "MemoryNodeInfo"))
+
+
+def test_gpu_worker_profiles_and_keeps_what_the_gate_reads(vllm_src: Path) -> None:
+    """install_hooks replaces gpu_worker.memory_profiling (a module-level name the method calls) and
+    worker_memory_decision reads the worker's attributes."""
+    tree = module(vllm_src, "v1/worker/gpu_worker.py")
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "memory_profiling" in imported
+    worker = cls(tree, "Worker")
+    decide = method(worker, "determine_available_memory")
+    with_calls = {c.context_expr.func.id for n in ast.walk(decide) if isinstance(n, ast.With) for c in n.items
+                  if isinstance(c.context_expr, ast.Call) and isinstance(c.context_expr.func, ast.Name)}
+    assert "memory_profiling" in with_calls
+    assert {"available_kv_cache_memory_bytes", "cudagraph_memory_estimate"} <= self_assigned(decide)
+    assert {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "profile_cudagraph_memory", "requested_memory",
+            "init_snapshot", "kv_cache_memory_bytes"} <= attributes_read(decide) | calls(decide)
+    assigned = set().union(*(self_assigned(m) for m in worker.body if isinstance(m, ast.FunctionDef)))
+    assert {"requested_memory", "init_snapshot"} <= assigned
+    # 0.33.0 moved the capture into _compile_or_warm_up_model: the hook is on GPUModelRunner.capture_model itself
+    method(worker, "compile_or_warm_up_model")
+    assert "capture_model" in set().union(*(calls(m) for m in worker.body if isinstance(m, ast.FunctionDef)))
+
+
+def test_profiling_result_and_snapshot_fields(vllm_src: Path) -> None:
+    tree = module(vllm_src, "utils/mem_utils.py")
+    assert set(PROFILE_FIELDS) <= fields(cls(tree, "MemoryProfilingResult"))
+    assert {"total_memory", "free_memory"} <= fields(cls(tree, "MemorySnapshot"))
+    assert "memory_profiling" in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_model_runner_captures_and_estimates_graphs(vllm_src: Path) -> None:
+    runner = cls(module(vllm_src, "v1/worker/gpu_model_runner.py"), "GPUModelRunner")
+    capture = method(runner, "capture_model")
+    assert isinstance(capture.returns, ast.Name) and capture.returns.id == "int", "capture_model returns the pool"
+    method(runner, "profile_cudagraph_memory")
+
+
+def test_the_decision_record_round_trips() -> None:
+    d = MemoryDecision("cpu", 0.2, 10 << 30, 2 << 30, (2 << 30) - (600 << 20), 100, 3200, 1.5, 2048, 600 << 20,
+                       load_peak_bytes=(2 << 30) + 1)
+    assert MemoryDecision.from_json(d.to_json()) == d
+    assert d.utilization_for(d.available_kv_bytes + (64 << 20)) == pytest.approx(((2 << 30) + (64 << 20)) / (10 << 30))
+    with pytest.raises(TypeError, match="missing field"):
+        MemoryDecision.from_json({"tier": "cpu"})
