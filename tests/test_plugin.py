@@ -58,7 +58,7 @@ def test_planted_regression_fails_with_numbers_and_command(
     result = recorded.runpytest(*HW)
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "page_bytes: now 69,632 B (68.00 KiB), baseline 65,536 B (64.00 KiB): +6.25%, regressed" in out
+    assert "page_bytes: now 69,632 B (68.00 KiB), baseline 65,536 B (64.00 KiB): +6.25% (+4.00 KiB), regressed" in out
     assert "exact, lower is better, tolerance 0.00%" in out
     assert "Baseline: baselines/cpu/kv.json, recorded 20" in out
     assert "python -m pytest test_kv.py::test_kv --gate-update --gate-hardware test-hw" in out

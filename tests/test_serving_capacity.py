@@ -61,8 +61,8 @@ def test_a_kept_warm_up_buffer_fails_the_serving_capacity_test(project: pytest.P
     result = project.runpytest_subprocess(*args, "--gate-profile", "plant-warmup-buffer", "--gate-report", "out")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert re.search(r"kv_cache_bytes: now .*, baseline .*: -\d+\.\d+%, regressed", out), out
-    assert re.search(r"non_kv_bytes: now .*, baseline .*: \+\d+\.\d+%, regressed", out), out
+    assert re.search(r"kv_cache_bytes: now .*, baseline .*: -\d+\.\d+% \(-6\d\.\d\d MiB\), regressed", out), out
+    assert re.search(r"non_kv_bytes: now .*, baseline .*: \+\d+\.\d+% \(\+6\d\.\d\d MiB\), regressed", out), out
     kv = _metric(project.path / "out" / "report.json", "kv_cache_bytes")
     drop = kv["baseline"]["value"] - kv["now"]["value"]  # type: ignore[index, operator]
     assert abs(drop - PLANT) < 0.05 * PLANT, f"the KV cache shrank by {drop:.0f} B, the plant keeps {PLANT} B"

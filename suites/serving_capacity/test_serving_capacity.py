@@ -51,6 +51,9 @@ def test_serving_kv_capacity(gate: Gate, engine: Engine, model_shape: ModelLoade
     gate.record("max_concurrency", round(d.max_concurrency, 4), unit="requests", better="higher",
                 tolerance=tol["kv"], scope="machine")
     gate.record("non_kv_bytes", d.non_kv_bytes, unit="B", tolerance=tol["non_kv"], scope="machine")
+    # What the team's utilization asks for (utilization x the device's or node's memory): the upgrade report's
+    # advice divides by it; on a GPU it moves only when the driver's view of the device does.
+    gate.record("requested_bytes", d.requested_bytes, unit="B", better="higher", tolerance=0.005, scope="machine")
     if d.load_peak_fraction is not None:
         gate.record("load_peak_fraction", round(d.load_peak_fraction, 6), unit="ratio", tolerance=tol["peak"],
                     scope="machine")

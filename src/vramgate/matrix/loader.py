@@ -51,7 +51,7 @@ SUITE_METRICS: dict[str, tuple[str, ...]] = {
     "kv_cache": ("page_bytes", "bytes_per_token", "kv_blocks_per_gib", "capacity_tokens_per_gib"),
     "capacity": ("page_bytes", "num_gpu_blocks", "capacity_tokens", "weights_bytes"),
     "latency": ("ttft", "tpot", "e2e", "request_throughput"),
-    "serving_capacity": ("kv_cache_bytes", "capacity_tokens", "max_concurrency", "non_kv_bytes",
+    "serving_capacity": ("kv_cache_bytes", "capacity_tokens", "max_concurrency", "non_kv_bytes", "requested_bytes",
                          "load_peak_fraction", "cudagraph_bytes", "cudagraph_estimate_bytes"),
 }
 #: Suites that run the entry's serving configuration and need one (``[entries.serving]``).

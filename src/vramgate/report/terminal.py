@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from vramgate.core.metrics import format_change
+from vramgate.core.metrics import format_change, format_value
 from vramgate.report.summary import ACCEPTABLE, Hardware, NodeSummary, Summary, accept_command, verdict_rank
 from vramgate.report.table import coverage_lines, moved_lines, rows_of, sorted_rows, text_table
 
@@ -46,6 +46,9 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                          f"(rerun on an idle GPU at full clocks)")
         elif f.verdict in ("regressed", "incompatible") and f.baseline is not None:
             change = format_change(f.change or 0.0)
+            if m.unit == "B" and f.baseline.value is not None:  # what moved, in bytes: "-4.80% (-66.73 MiB)"
+                delta = float(m.value) - float(f.baseline.value)
+                change += f" ({'+' if delta >= 0 else '-'}{format_value(abs(delta), 'B')})"
             lines.append(
                 f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
                 f"{change}, {f.verdict} ({f.detail})"

@@ -74,6 +74,17 @@ def upgrade_markdown(data: dict[str, Any]) -> str:
     if data.get("headline"):
         suites = sorted({r["suite"] for r in data["headline"]})
         lines += ["", f"### Side by side ({', '.join(suites)})", "", *_headline(data["headline"], labels)]
+    if data.get("serving"):
+        lines += ["", "### Serving capacity: the memory the new version needs for the old KV cache", "",
+                  f"| test | KV cache {labels[0]} | KV cache {labels[1]} | non-KV {labels[0]} | non-KV {labels[1]} | "
+                  "memory utilization for the old KV cache |", "|---|---|---|---|---|---|"]
+        for row in data["serving"]:
+            factor = row["factor"]
+            advice = (f"x{factor:.4f} ({format_change(factor - 1)}: e.g. 0.90 -> {min(1.0, 0.90 * factor):.4f}; "
+                      f"{format_value(row['needed_bytes'], 'B')} requested)")
+            lines.append(f"| `{row['test'].split('::', 1)[-1]}` | {format_value(row['old_kv_bytes'], 'B')} | "
+                         f"{format_value(row['new_kv_bytes'], 'B')} | {format_value(row['old_non_kv_bytes'], 'B')} | "
+                         f"{format_value(row['new_non_kv_bytes'], 'B')} | {advice} |")
     lines += ["", "### What the upgrade moves", "",
               "Each metric of the new version's run against the old one's, by the metric's own rule (the old "
               "version plays the baseline); unchanged metrics are counted, not listed.", "",

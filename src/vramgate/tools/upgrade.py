@@ -48,7 +48,7 @@ DEFAULT_MARKS = "not gate_nightly"
 PAIRED_TEST = "suites/latency/test_upgrade_latency.py"
 #: The suites whose figures the report shows side by side, changed or not: KV pages and capacity, weights and the
 #: engine's blocks per model (capacity); the scheduler's figures under KV pressure (block_manager).
-HEADLINE = ("capacity", "block_manager")
+HEADLINE = ("capacity", "block_manager", "serving_capacity")
 #: Seconds one side's run may take.
 SIDE_TIMEOUT_S = 3600.0
 
@@ -248,6 +248,32 @@ def paired_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def serving_advice(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per serving capacity test both reports hold: the memory the new version needs to give the KV cache the old
+    one had (the old KV cache plus the new non-KV memory), as a factor on the team's ``gpu_memory_utilization``
+    (or ``cpu_memory``). vLLM 0.32.0 advises so for its CUDA-graph estimate; this is for the whole difference."""
+    def figures(report: dict[str, Any]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for test in report.get("tests") or []:
+            if test.get("suite") != "serving_capacity":
+                continue
+            values = {m["name"]: m["now"]["value"] for m in test.get("metrics") or [] if m.get("now")}
+            if {"kv_cache_bytes", "non_kv_bytes", "requested_bytes"} <= set(values):
+                out[test["nodeid"]] = values
+        return out
+
+    before, after = figures(old), figures(new)
+    rows = []
+    for nodeid in sorted(set(before) & set(after)):
+        was, now = before[nodeid], after[nodeid]
+        need = was["kv_cache_bytes"] + now["non_kv_bytes"]
+        rows.append({"test": nodeid, "old_kv_bytes": was["kv_cache_bytes"], "new_kv_bytes": now["kv_cache_bytes"],
+                     "old_non_kv_bytes": was["non_kv_bytes"], "new_non_kv_bytes": now["non_kv_bytes"],
+                     "requested_bytes": now["requested_bytes"], "needed_bytes": need,
+                     "factor": need / now["requested_bytes"]})
+    return rows
+
+
 def one_sided(rows: list[dict[str, Any]], other: SideRun) -> list[dict[str, Any]]:
     """The tests whose metrics only one side has (*rows*: the comparison's added or removed rows), each with its
     metric count and why the *other* side has none (its skip reason, a failure, or not collected)."""
@@ -290,6 +316,7 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
         "runs": [old.to_json(), new.to_json()], "comparison": comparison.to_json(),
         "comparison_markdown": comparison.markdown(one_sided=False, level=4), "paired": latency,
         "profiles": profiles, "headline": [r.to_json() for r in comparison.rows if r.suite in headline],
+        "serving": serving_advice(read_report(old.report), read_report(new.report)),
         "only_new": one_sided([r.to_json() for r in comparison.added], old),
         "only_old": one_sided([r.to_json() for r in comparison.removed], new),
         # Note [upgrade timings]: measured metrics (timings) of the two separate runs are shown, not gating.

@@ -1,0 +1,133 @@
+"""A matrix entry's serving configuration: read with errors that name the field, turned into an engine spec
+without a KV budget, and into vLLM's engine arguments as a serving team passes them (no engine needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vramgate.engine import EngineSpec, SpecError, validate
+from vramgate.engine.arguments import llm_kwargs
+from vramgate.matrix import MatrixError, parse_matrix
+from vramgate.testing import MatrixCase
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAD = '[models.tiny-llama]\n[[entries]]\nsuites = ["serving_capacity"]\nmodel = "tiny-llama"\n'
+
+
+def entry(text: str):  # type: ignore[no-untyped-def]
+    return parse_matrix(HEAD + text, "m.toml", ROOT).entries[0]
+
+
+def test_a_serving_entry_reads_every_field() -> None:
+    e = entry('tier = "gpu"\n[entries.serving]\ngpu_memory_utilization = 0.9\ncudagraph_mode = "FULL_AND_PIECEWISE"\n'
+              'cudagraph_capture_sizes = [1, 2, 4, 8]\nmax_model_len = 8192\nmax_num_seqs = 128\n'
+              '[entries.budgets]\ncudagraph_bytes = "<= 2 GiB"\nmax_concurrency = ">= 20"\n')
+    assert e.serving is not None
+    assert (e.serving.gpu_memory_utilization, e.serving.cudagraph_capture_sizes, e.serving.max_model_len) == \
+        (0.9, (1, 2, 4, 8), 8192)
+    assert "serving (gpu_memory_utilization 0.9, cuda graphs FULL_AND_PIECEWISE" in e.describe()
+    cpu = entry('tier = "cpu"\n[entries.serving]\ncpu_memory = "3 GiB"\n')
+    assert cpu.serving is not None and cpu.serving.cpu_memory == 3 << 30 and not cpu.serving.enforce_eager
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('tier = "cpu"\n', r"entries\[0\].serving: missing table: the serving_capacity suite"),
+    ('tier = "cpu"\n[entries.serving]\ngpu_memory_utilization = 0.9\n', r"entries\[0\].serving.cpu_memory: missing"),
+    ('tier = "gpu"\n[entries.serving]\ncpu_memory = "2 GiB"\n',
+     r"entries\[0\].serving.gpu_memory_utilization: missing"),
+    ('[entries.serving]\ngpu_memory_utilization = 0.9\n', r"serving.cpu_memory: missing field: the cpu \(and every"),
+    ('tier = "gpu"\n[entries.serving]\ngpu_memory_utilization = 1.5\n', r"must be a fraction in \(0, 1\]"),
+    ('tier = "cpu"\n[entries.serving]\ncpu_memory = "2 parsecs"\n', r"serving.cpu_memory: unknown unit"),
+    ('tier = "cpu"\n[entries.serving]\ncpu_memory = "10 ms"\n', r"must be an amount of memory"),
+    ('tier = "gpu"\n[entries.serving]\ngpu_memory_utilization = 0.9\ncudagraph_mode = "FULL_PIECEWISE"\n',
+     r"unknown mode 'FULL_PIECEWISE'; did you mean FULL_AND_PIECEWISE"),
+    ('tier = "gpu"\n[entries.serving]\ngpu_memory_utilization = 0.9\nmax_modl_len = 4\n',
+     r"serving.max_modl_len: unknown field; did you mean max_model_len"),
+])
+def test_serving_errors_name_the_field(text: str, message: str) -> None:
+    with pytest.raises(MatrixError, match=message):
+        entry(text)
+
+
+def test_a_serving_table_on_a_suite_that_does_not_serve_is_refused() -> None:
+    text = ('[models.tiny-llama]\n[[entries]]\nsuites = ["capacity"]\nmodel = "tiny-llama"\n'
+            '[entries.serving]\ncpu_memory = "2 GiB"\ngpu_memory_utilization = 0.9\n')
+    with pytest.raises(MatrixError, match=r"entries\[0\].serving: no suite of this entry runs a serving"):
+        parse_matrix(text, "m.toml", ROOT)
+
+
+def test_the_case_leaves_the_kv_cache_to_vllm_and_asks_for_graphs() -> None:
+    e = entry('[entries.serving]\ngpu_memory_utilization = 0.85\ncpu_memory = "2 GiB"\ncudagraph_mode = "PIECEWISE"\n'
+              'max_model_len = 4096\n')
+    spec = MatrixCase(e, 32, "auto", "gpu").engine_spec(EngineSpec(model="tiny-llama"))
+    assert spec.kv_budget_gib is None and not spec.enforce_eager
+    assert (spec.gpu_memory_utilization, spec.cpu_memory_bytes, spec.max_model_len) == (0.85, 2 << 30, 4096)
+    assert spec.engine_args == {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    gpu = llm_kwargs(spec, ROOT / "fixtures/models/tiny-llama", device_total_bytes=80 << 30)
+    assert "kv_cache_memory_bytes" not in gpu and gpu["gpu_memory_utilization"] == 0.85
+    assert gpu["enforce_eager"] is False and gpu["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
+    cpu = llm_kwargs(spec, ROOT / "fixtures/models/tiny-llama", node_memory_bytes=16 << 30)
+    assert "kv_cache_memory_bytes" not in cpu and cpu["gpu_memory_utilization"] == pytest.approx(2 / 16)
+    with pytest.raises(ValueError, match="needs the NUMA node's memory"):
+        llm_kwargs(spec, ROOT / "fixtures/models/tiny-llama")
+
+
+def test_specs_with_a_budget_keep_their_key_and_arguments() -> None:
+    spec = EngineSpec(model="tiny-llama")
+    assert spec.key() == EngineSpec(model="tiny-llama", gpu_memory_utilization=None).key()
+    assert llm_kwargs(spec, ROOT / "fixtures/models/tiny-llama")["kv_cache_memory_bytes"] == 1 << 28
+
+
+def test_an_automatic_spec_needs_the_tiers_memory() -> None:
+    spec = EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None)
+    with pytest.raises(SpecError, match="'gpu_memory_utilization' is needed on the GPU tier"):
+        validate(spec, ROOT, tier="gpu")
+    with pytest.raises(SpecError, match="'cpu_memory_bytes' .* is needed on the CPU tier"):
+        validate(spec, ROOT, tier="cpu")
+    validate(spec.replace(cpu_memory_bytes=2 << 30), ROOT, tier="cpu")
+    with pytest.raises(SpecError, match="'gpu_memory_utilization' = 0 is not accepted"):
+        validate(spec.replace(gpu_memory_utilization=0), ROOT, tier="gpu")
+
+
+def test_the_project_matrix_serves_on_both_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving capacity cases a CPU box and a GPU runner (an H100, faked) get from vramgate.toml, each spec
+    without a KV budget and with the tier's memory: what --gate-plan lists on such a runner."""
+    from vramgate.matrix import Machine, load_matrix
+    from vramgate.testing import matrix as testing_matrix
+
+    monkeypatch.setattr(testing_matrix, "this_machine", lambda: Machine("gpu", "nvidia-h100-80gb-x1", 1))
+    matrix = load_matrix(ROOT / "vramgate.toml", ROOT)
+    argnames = ["model", "block_size", "kv_cache_dtype", "matrix_case"]
+    for tier, ids, memory in (("cpu", ["tiny-llama-bs32", "tiny-deepseek-v2-bs16"], "cpu_memory_bytes"),
+                              ("gpu", ["tiny-llama-bs16", "tiny-deepseek-v2-bs16"], "gpu_memory_utilization")):
+        params = testing_matrix.matrix_params(matrix, "serving_capacity", argnames, "{model}-bs{block_size}", "t",
+                                              tier, ROOT)
+        assert [p.id for p in params] == ids
+        for p in params:
+            case = p.values[-1]
+            spec = case.engine_spec(EngineSpec(model="x"))
+            assert spec.kv_budget_gib is None and getattr(spec, memory) and not spec.enforce_eager
+            validate(spec, ROOT, tier=tier)
+
+
+def test_the_upgrade_report_says_what_utilization_keeps_the_old_kv_cache() -> None:
+    from vramgate.report.upgrade import upgrade_markdown
+    from vramgate.tools.upgrade import serving_advice
+
+    def report(kv: int, non_kv: int) -> dict[str, object]:
+        return {"tests": [{"suite": "serving_capacity", "nodeid": "s.py::test_serving_kv_capacity[tiny-llama-bs32]",
+                           "metrics": [{"name": n, "now": {"value": v}} for n, v in
+                                       (("kv_cache_bytes", kv), ("non_kv_bytes", non_kv),
+                                        ("requested_bytes", kv + non_kv))]}]}
+
+    gib, mib = 1 << 30, 1 << 20
+    rows = serving_advice(report(gib + 400 * mib, 624 * mib), report(gib + 336 * mib, 688 * mib))
+    assert len(rows) == 1 and rows[0]["needed_bytes"] == gib + 400 * mib + 688 * mib
+    assert rows[0]["factor"] == pytest.approx((2 * gib + 64 * mib) / (2 * gib))
+    data = {"from": "0.31.0", "to": "0.32.0", "tier": "cpu", "regressions": 0, "runs": [], "serving": rows,
+            "comparison_markdown": ""}
+    text = upgrade_markdown(data)
+    assert "### Serving capacity: the memory the new version needs for the old KV cache" in text
+    assert "x1.0312 (+3.12%: e.g. 0.90 -> 0.9281; 2.06 GiB requested)" in text, text
