@@ -142,3 +142,45 @@ def test_caches_and_temp_files_stay_in_the_run_folder(
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["VLLM_LOGGING_LEVEL"] == "INFO", "the engine's log is evidence: it must keep vLLM's INFO lines"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+class _FakeRounds:
+    def __init__(self, ref: list[float], cand: list[float]) -> None:
+        self.ref, self.cand = ref, cand
+
+    def stats(self, stat: str) -> tuple[list[float], list[float]]:
+        return list(self.ref), list(self.cand)
+
+
+class _FakeEngines:
+    """Paired engines whose candidate is *shifts[i]* slower than the reference in the i-th call of run()."""
+
+    def __init__(self, *shifts: float) -> None:
+        import random
+
+        self.shifts, self.calls, self.rng = list(shifts), 0, random.Random(3)
+
+    def run(self, rounds: int, *, seed: int = 0) -> _FakeRounds:
+        shift = self.shifts[self.calls]
+        self.calls += 1
+        ref = [0.01 * self.rng.lognormvariate(0, 0.02) for _ in range(rounds)]
+        return _FakeRounds(ref, [0.01 * (1 + shift) * self.rng.lognormvariate(0, 0.02) for _ in range(rounds)])
+
+
+@pytest.mark.parametrize(("shifts", "looks", "worse"), [((0.0,), 1, False), ((0.11, 0.0), 3, False),
+                                                         ((0.15, 0.15), 3, True)])
+def test_a_failing_first_look_is_confirmed_by_a_second(shifts: tuple[float, ...], looks: int, worse: bool) -> None:
+    """Note [second look]: a passing first look is the verdict; a failing one is judged again on the pooled rounds
+    of a second look, which clears a stretch of load on one side and confirms a regression in every round."""
+    from vramgate.core.stats import compare_samples
+    from vramgate.engine import confirmed_rounds, paired_defaults
+
+    settings = paired_defaults("cpu")
+    engines = _FakeEngines(*shifts)
+    ref, cand, lines = confirmed_rounds(engines, settings)  # type: ignore[arg-type]
+    assert engines.calls == len(shifts) and len(lines) == looks and len(ref) == settings.rounds * len(shifts)
+    assert lines[0].startswith("first look: 30 rounds") and ("worse" in lines[0])
+    if looks > 1:
+        assert lines[1].startswith("second look") and lines[2].startswith("pooled (the verdict): 60 rounds")
+    verdict = compare_samples(ref, cand, better="lower", tolerance=settings.tolerance, alpha=settings.alpha)
+    assert verdict.regressed is worse

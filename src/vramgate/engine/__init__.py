@@ -11,6 +11,7 @@ from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.paired import (
     PairedEngines,
     PairedResult,
+    confirmed_rounds,
     latency_spec,
     paired_defaults,
     round_ratios,
@@ -50,6 +51,7 @@ __all__ = [
     "UnsupportedHere",
     "apply_profile",
     "backend_problem",
+    "confirmed_rounds",
     "cpu_backend_problem",
     "engine_env",
     "engine_tier",
