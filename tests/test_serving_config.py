@@ -84,7 +84,7 @@ def test_an_automatic_spec_needs_the_tiers_memory() -> None:
     spec = EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None)
     with pytest.raises(SpecError, match="'gpu_memory_utilization' is needed on the GPU tier"):
         validate(spec, ROOT, tier="gpu")
-    with pytest.raises(SpecError, match="'cpu_memory_bytes' .* is needed on the CPU tier"):
+    with pytest.raises(SpecError, match=r"'cpu_memory_bytes' .* is needed on the CPU tier"):
         validate(spec, ROOT, tier="cpu")
     validate(spec.replace(cpu_memory_bytes=2 << 30), ROOT, tier="cpu")
     with pytest.raises(SpecError, match="'gpu_memory_utilization' = 0 is not accepted"):

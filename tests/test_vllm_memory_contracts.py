@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine.memory_decision import MemoryDecision, PROFILE_FIELDS
+from vramgate.engine.memory_decision import PROFILE_FIELDS, MemoryDecision
 
 
 def _sources() -> list[Path]:
@@ -27,7 +27,7 @@ def _sources() -> list[Path]:
             raise AssertionError(f"VRAMGATE_VLLM_SOURCES: {folder} holds no vLLM source (vllm/v1/worker/gpu_worker.py)")
     spec = importlib.util.find_spec("vllm")  # finds the installed package without importing it
     if spec is not None and spec.submodule_search_locations:
-        found.append(Path(list(spec.submodule_search_locations)[0]).parent)
+        found.append(Path(next(iter(spec.submodule_search_locations))).parent)
     return found
 
 

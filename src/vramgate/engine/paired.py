@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.metrics import format_change, median
-from vramgate.core.stats import compare_samples
 from vramgate.core.records import record_fields
+from vramgate.core.stats import compare_samples
 from vramgate.engine.runner import EngineError, engine_env, preload_folder
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
 from vramgate.runtime import preload as preloading

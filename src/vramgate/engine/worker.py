@@ -32,13 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from vramgate._moved import forwarding
 from vramgate.engine.arguments import llm_kwargs
-from vramgate.engine.memory_decision import (
-    cpu_node_memory_bytes,
-    decide,
-    install_hooks,
-    worker_load_peak,
-    worker_memory_decision,
-)
 from vramgate.engine.measure import (
     PLANT_WEIGHT_BYTES_ENV,
     StepTimer,
@@ -54,6 +47,13 @@ from vramgate.engine.measure import (
     worker_figures,
     worker_memory_history_dump,
     worker_memory_history_start,
+)
+from vramgate.engine.memory_decision import (
+    cpu_node_memory_bytes,
+    decide,
+    install_hooks,
+    worker_load_peak,
+    worker_memory_decision,
 )
 from vramgate.engine.spec import EngineSpec, kv_budget_bytes
 from vramgate.machine import isa

@@ -243,8 +243,8 @@ class GateSession:
             slower = (speed.speed_mismatch(speed.machine_speed_s(), entry.recorded.machine_speed_s)
                       if entry and metric.kind == "measured" and metric.effective_scope == "machine" else None)
             if slower is not None:  # Note [machine speed]: a timing of another machine is not compared
-                verdict = "updated" if self.update and recordable and writes else "not compared"
-                findings.append(Finding(metric, verdict, base, entry.recorded if entry else None,
+                unjudged: Verdict = "updated" if self.update and recordable and writes else "not compared"
+                findings.append(Finding(metric, unjudged, base, entry.recorded if entry else None,
                                         relative_change(metric.value, base.value), budget, slower))
                 continue
             verdict, change, how = check_baseline(metric, base)

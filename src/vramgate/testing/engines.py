@@ -15,7 +15,6 @@ import pytest
 from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere, engine_tier
 from vramgate.machine.probes import memory_history
 
-
 #: The option (``--gate-profile``) that applies a profile to every engine run of a session.
 PROFILE_OPTION = "gate_profile"
 

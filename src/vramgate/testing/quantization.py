@@ -90,7 +90,9 @@ class QuantRuns:
     @property
     def kv_budget(self) -> int:
         """The reference's KV budget in bytes."""
-        return int(self.reference.kv_budget_gib * 2**30)
+        budget = self.reference.kv_budget_gib
+        assert budget is not None, "the quantization suites' reference run has a KV budget"
+        return int(budget * 2**30)
 
     def freed_bytes(self, profile: Profile) -> int:
         """bf16 checkpoint bytes minus the profile's checkpoint bytes (both read from the written files)."""
