@@ -131,3 +131,23 @@ def test_the_upgrade_report_says_what_utilization_keeps_the_old_kv_cache() -> No
     text = upgrade_markdown(data)
     assert "### Serving capacity: the memory the new version needs for the old KV cache" in text
     assert "x1.0312 (+3.12%: e.g. 0.90 -> 0.9281; 2.06 GiB requested)" in text, text
+
+
+def test_the_plan_lists_the_serving_cases_and_what_they_would_record(pytester: pytest.Pytester) -> None:
+    """--gate-plan on a GPU runner's key with no baselines (a faked H100): the serving capacity cases, with the
+    figures they would record there, and no figure compared."""
+    import shutil
+
+    shutil.copytree(ROOT / "suites" / "serving_capacity", pytester.path / "suites" / "serving_capacity")
+    shutil.copytree(ROOT / "fixtures" / "models", pytester.path / "fixtures" / "models")
+    shutil.copy(ROOT / "vramgate.toml", pytester.path / "vramgate.toml")
+    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
+    result = pytester.runpytest_subprocess("suites", "--collect-only", "-q", "--gate-plan", "--gate-hardware",
+                                           "nvidia-h100-80gb-x1", "-v", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "baselines under nvidia-h100-80gb-x1" in out, out
+    if "tiny-llama-bs16" in out:  # no vLLM here: the engine tier is gpu
+        assert "serving_capacity: 2 test(s), 0 compare stored metrics, 2 have none; would record capacity_tokens, " \
+               "cudagraph_bytes, cudagraph_estimate_bytes, kv_cache_bytes" in out, out
+    else:  # the CPU build of vLLM: the cpu entries
+        assert "test_serving_kv_capacity[tiny-llama-bs32]: compares nothing" in out, out

@@ -26,7 +26,7 @@ from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed
 from vramgate.pytest_plugin.memory_history import HISTORY_FOLDER, CallHistory, MemoryHistory, apply_engine_switch
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
-from vramgate.report import failure_message, junit_properties, plan_lines, rows_of, text_table
+from vramgate.report import failure_message, junit_properties, plan_baseline_lines, plan_lines, rows_of, text_table
 from vramgate.runtime import engine_env
 from vramgate.store.baselines import BaselineError
 
@@ -140,8 +140,12 @@ class GatePlugin:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
-        for line in plan_lines(self.session.plan(session.items), self.session.fingerprint, self.session.gpus,
-                               verbose=self.config.option.verbose > 0):
+        verbose = self.config.option.verbose > 0
+        lines = plan_lines(self.session.plan(session.items), self.session.fingerprint, self.session.gpus,
+                           verbose=verbose)
+        lines += plan_baseline_lines(self.session.plan_baselines(session.items), self.session.fingerprint.key,
+                                     verbose=verbose)
+        for line in lines:
             reporter.write_line(line)
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -177,6 +177,29 @@ class GateSession:
             out.append((item.nodeid, ", ".join(n.describe() for n in needs), reasons[0] if reasons else None))
         return out
 
+    def plan_baselines(self, items: list[pytest.Item]) -> list[tuple[str, str, str, list[str], list[str]]]:
+        """(suite, node id, the files it reads, the metrics it would compare, the metrics it would record as new)
+        for each gated test: its stored metrics under both scopes' keys, and the rest of what its suite records
+        (the matrix's list of a suite's metrics, where the suite has one) as what this machine would record."""
+        from vramgate.matrix.loader import SUITE_METRICS
+
+        out = []
+        for item in items:
+            if not self.uses_gate(item):
+                continue
+            suite = self.suite_for(item)
+            compared: list[str] = []
+            files = []
+            for scope in ("portable", "machine"):
+                key = self.key_for(scope)
+                entry = self._entry(key, suite, item.nodeid)
+                if entry is not None:
+                    compared += sorted(entry.metrics)
+                    files.append(str(self.storage.path_for(key, suite)))
+            records = [m for m in SUITE_METRICS.get(suite, ()) if m not in compared]
+            out.append((suite, item.nodeid, ", ".join(files) or "-", compared, records))
+        return out
+
     # -- checking ----------------------------------------------------------------
 
     def key_for(self, scope: str) -> str:

@@ -49,7 +49,7 @@ from vramgate.report.summary import (
     pytest_command,
     verdict_rank,
 )
-from vramgate.report.table import Row, aligned, plan_lines, rows_of, text_table
+from vramgate.report.table import Row, aligned, plan_baseline_lines, plan_lines, rows_of, text_table
 from vramgate.report.terminal import failure_message, terminal_summary
 
 __all__ = [
@@ -57,9 +57,10 @@ __all__ = [
     "Comparison", "ExportedMetric", "Hardware", "NodeSummary", "ReportError", "Row", "RunFacts", "Summary",
     "accept_command", "aligned", "changed_bars", "check_history", "compare_report_files", "compare_reports",
     "export_text", "exported_metrics", "failure_message", "html_page", "junit_properties", "load_history",
-    "load_report", "markdown", "merge_report_files", "merge_reports", "mermaid_section", "parse_export", "plan_lines",
-    "plot_changes", "pytest_command", "report_data", "rows_of", "terminal_summary", "text_table", "to_bmf",
-    "to_pytorch", "verdict_rank", "write_report", "write_report_data", "xychart",
+    "load_report", "markdown", "merge_report_files", "merge_reports", "mermaid_section", "parse_export",
+    "plan_baseline_lines", "plan_lines", "plot_changes", "pytest_command", "report_data", "rows_of",
+    "terminal_summary", "text_table", "to_bmf", "to_pytorch", "verdict_rank", "write_report", "write_report_data",
+    "xychart",
 ]
 
 if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
