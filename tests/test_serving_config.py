@@ -151,3 +151,14 @@ def test_the_plan_lists_the_serving_cases_and_what_they_would_record(pytester: p
                "cudagraph_bytes, cudagraph_estimate_bytes, kv_cache_bytes" in out, out
     else:  # the CPU build of vLLM: the cpu entries
         assert "test_serving_kv_capacity[tiny-llama-bs32]: compares nothing" in out, out
+
+
+def test_the_decision_record_round_trips() -> None:
+    from vramgate.engine import MemoryDecision
+
+    d = MemoryDecision("cpu", 0.2, 10 << 30, 2 << 30, (2 << 30) - (600 << 20), 100, 3200, 1.5, 2048, 600 << 20,
+                       load_peak_bytes=(2 << 30) + 1)
+    assert MemoryDecision.from_json(d.to_json()) == d
+    assert d.utilization_for(d.available_kv_bytes + (64 << 20)) == pytest.approx(((2 << 30) + (64 << 20)) / (10 << 30))
+    with pytest.raises(TypeError, match="missing field"):
+        MemoryDecision.from_json({"tier": "cpu"})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine.memory_decision import PROFILE_FIELDS, MemoryDecision
+from vramgate.engine.memory_decision import PROFILE_FIELDS
 
 
 def _sources() -> list[Path]:
@@ -163,11 +163,3 @@ def test_model_runner_captures_and_estimates_graphs(vllm_src: Path) -> None:
     assert isinstance(capture.returns, ast.Name) and capture.returns.id == "int", "capture_model returns the pool"
     method(runner, "profile_cudagraph_memory")
 
-
-def test_the_decision_record_round_trips() -> None:
-    d = MemoryDecision("cpu", 0.2, 10 << 30, 2 << 30, (2 << 30) - (600 << 20), 100, 3200, 1.5, 2048, 600 << 20,
-                       load_peak_bytes=(2 << 30) + 1)
-    assert MemoryDecision.from_json(d.to_json()) == d
-    assert d.utilization_for(d.available_kv_bytes + (64 << 20)) == pytest.approx(((2 << 30) + (64 << 20)) / (10 << 30))
-    with pytest.raises(TypeError, match="missing field"):
-        MemoryDecision.from_json({"tier": "cpu"})
