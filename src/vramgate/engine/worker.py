@@ -251,7 +251,9 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
     with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
-        llm = LLM(**llm_kwargs(spec, shape.path.parent, device_total_bytes(torch)))
+        on_cpu = not torch.cuda.is_available()
+        node = cpu_node_memory_bytes() if on_cpu and kv_budget_bytes(spec) is None else None  # Note [automatic KV]
+        llm = LLM(**llm_kwargs(spec, shape.path.parent, device_total_bytes(torch), node))
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:
