@@ -184,6 +184,11 @@ def run_engine(
     With *preload* (a folder) it may be forked from a preloaded interpreter (Note [preloaded engines] in
     :mod:`vramgate.runtime.preload`)."""
     validate(spec, root)
+    if kv_budget_bytes(spec) is None:
+        # Note [automatic KV] in vramgate.engine.memory_decision: vLLM's CPU worker gives the KV cache its requested
+        # memory minus its RSS, and a child forked from the preloaded interpreter has another RSS than a fresh one
+        # (its parent's pages). A serving run starts fresh, as a team's server does.
+        preload = None
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = run_dir / "spec.json", run_dir / "result.json", run_dir / "engine.log"
     spec_path.write_text(json.dumps({"spec": spec.to_json(), "root": str(root)}, indent=2, sort_keys=True))

@@ -27,9 +27,10 @@ A request is served only where the fork cannot change what the child computes:
 - the platform can fork and wait on a process descriptor (``os.fork``,
   ``os.pidfd_open``: Linux), and ``VRAMGATE_PRELOAD`` is not ``0``.
 
-What differs: the timing of the import (about 0 s in a child), and the peak
-RSS the child reports (its parent's library pages it never touches are not
-mapped into it). Neither is a gated figure.
+What differs: the timing of the import (about 0 s in a child), and the RSS
+the child reports (its parent's library pages it never touches are not
+mapped into it). Neither is a gated figure of a forked run: an engine whose
+KV cache vLLM sizes from its RSS (a serving configuration) starts fresh.
 
 The preloaded interpreter reports each child's pid and exit status to the gate
 process over its stdout; it exits when the gate process closes its stdin (or
