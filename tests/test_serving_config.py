@@ -162,3 +162,63 @@ def test_the_decision_record_round_trips() -> None:
     assert d.utilization_for(d.available_kv_bytes + (64 << 20)) == pytest.approx(((2 << 30) + (64 << 20)) / (10 << 30))
     with pytest.raises(TypeError, match="missing field"):
         MemoryDecision.from_json({"tier": "cpu"})
+
+
+def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU path of vramgate.engine.memory_decision on stand-ins for torch and vLLM's modules, shaped as the
+    contracts (tests/test_vllm_memory_contracts.py) pin them: the hooks keep the profiling result and the pool,
+    worker_memory_decision reads the worker, decide() the engine core and the cache config."""
+    import contextlib
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    from vramgate.engine import memory_decision as md
+
+    @contextlib.contextmanager
+    def memory_profiling(snapshot: object, weights_memory: int = 0):  # type: ignore[no-untyped-def]
+        result = SimpleNamespace(weights_memory=0, torch_peak_increase=0, non_torch_increase=0, non_kv_cache_memory=0)
+        yield result
+        result.weights_memory, result.torch_peak_increase = weights_memory, 300   # filled on exit, as vLLM does
+        result.non_torch_increase, result.non_kv_cache_memory = 50, weights_memory + 350
+
+    class GPUModelRunner:
+        def capture_model(self) -> int:
+            return 1 << 30
+
+    gpu_worker = types.ModuleType("vllm.v1.worker.gpu_worker")
+    gpu_worker.memory_profiling = memory_profiling  # type: ignore[attr-defined]
+    runner_module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+    runner_module.GPUModelRunner = GPUModelRunner  # type: ignore[attr-defined]
+    worker_pkg = types.ModuleType("vllm.v1.worker")
+    worker_pkg.gpu_worker, worker_pkg.gpu_model_runner = gpu_worker, runner_module  # type: ignore[attr-defined]
+    vllm = types.ModuleType("vllm")
+    vllm.envs = SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=True)  # type: ignore[attr-defined]
+    torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True))
+    for name, mod in {"torch": torch, "vllm": vllm, "vllm.v1": types.ModuleType("vllm.v1"),
+                      "vllm.v1.worker": worker_pkg, "vllm.v1.worker.gpu_worker": gpu_worker,
+                      "vllm.v1.worker.gpu_model_runner": runner_module}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    md.install_hooks()
+    md.install_hooks()  # idempotent
+    with gpu_worker.memory_profiling(None, weights_memory=1000) as profile:  # what Worker.determine_available_memory does
+        pass
+    runner = GPUModelRunner()
+    assert runner.capture_model() == 1 << 30  # what compile_or_warm_up_model does
+    gib = 1 << 30
+    worker = SimpleNamespace(requested_memory=72 * gib, init_snapshot=SimpleNamespace(total_memory=80 * gib),
+                             cudagraph_memory_estimate=gib + gib // 10, model_runner=runner)
+    rank = md.worker_memory_decision(worker)
+    assert gpu_worker._vramgate_last_profile is profile  # type: ignore[attr-defined]
+    assert rank == {"tier": "gpu", "requested_bytes": 72 * gib, "total_bytes": 80 * gib,
+                    "cudagraph_estimate_bytes": gib + gib // 10, "cudagraph_estimate_applied": True,
+                    "cudagraph_bytes": gib, "weights_memory": 1000, "torch_peak_increase": 300,
+                    "non_torch_increase": 50, "non_kv_cache_memory": 1350}
+    core = SimpleNamespace(available_gpu_memory_for_kv_cache=60 * gib)
+    cache = SimpleNamespace(gpu_memory_utilization=0.9, num_gpu_blocks=1000, kv_cache_size_tokens=16000,
+                            kv_cache_max_concurrency=7.8125)
+    d = md.decide(core, cache, SimpleNamespace(max_model_len=2048), rank, 70 * gib)
+    assert (d.non_kv_bytes, d.cudagraph_bytes, d.load_peak_fraction) == (12 * gib, gib, 70 / 72)
+    assert d.cudagraph_estimate_error == pytest.approx(0.1)
+    assert d.utilization_for(60 * gib) == pytest.approx(0.9)

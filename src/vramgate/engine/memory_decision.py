@@ -120,7 +120,7 @@ def cpu_utilization(cpu_memory_bytes: int, node_bytes: int) -> float:
 
 def install_hooks() -> None:
     """Catch, on the GPU tier, the two figures vLLM keeps only in locals (Note [automatic KV]): each worker's
-    memory profiling result (``_vramgate_profile``) and the CUDA graph pool ``capture_model`` returns
+    memory profiling result (``gpu_worker._vramgate_last_profile``) and the CUDA graph pool ``capture_model`` returns
     (``_vramgate_cudagraph_bytes``). Idempotent; nothing on CPU, whose worker has neither."""
     import torch
 
