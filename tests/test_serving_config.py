@@ -202,7 +202,7 @@ def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: 
 
     md.install_hooks()
     md.install_hooks()  # idempotent
-    with gpu_worker.memory_profiling(None, weights_memory=1000) as profile:  # what Worker.determine_available_memory does
+    with gpu_worker.memory_profiling(None, weights_memory=1000) as profile:  # as Worker.determine_available_memory
         pass
     runner = GPUModelRunner()
     assert runner.capture_model() == 1 << 30  # what compile_or_warm_up_model does

@@ -102,7 +102,7 @@ suites = ["serving_capacity"]
 model = "tiny-llama"
 tier = "cpu"
 block_size = 32
-nightly = "the compiled warm-up of a fresh engine takes both cores for a minute and a half: beside it, the other worker's timings ran 2.6-6x slower (TTFT)"
+nightly = "its fresh engine's compiled warm-up takes both cores: the other worker's timings ran 2.6-6x slower"
 [entries.serving]
 cpu_memory = "2 GiB"
 max_model_len = 2048
