@@ -1,8 +1,8 @@
 """The serving capacity suite catches a planted regression of vLLM's own KV sizing, end to end on the CPU engine.
 
 A project with the real suite, the tiny-llama config and one serving entry records its baselines unpatched, then
-runs again with ``--gate-profile plant-warmup-buffer`` (tests/data/profiles: vLLM's CPU warm-up keeps 64 MiB):
-the automatic KV cache is 64 MiB smaller and the test fails naming the KV cache's size and the non-KV memory.
+runs again with ``--gate-profile plant-warmup-buffer`` (tests/data/profiles: vLLM's CPU warm-up keeps 128 MiB):
+the automatic KV cache is 128 MiB smaller and the test fails naming the KV cache's size and the non-KV memory.
 Needs vLLM (the cpu-full env runs it); about two minutes, the engine's compiled warm-up twice.
 """
 
@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANT = 64 << 20
+PLANT = 128 << 20
+#: How far an unchanged fresh engine's non-KV memory moves between runs (761-782 MiB in 11 runs: docs/serving.md),
+#: with a margin: the KV cache must shrink by the buffer's size within this.
+SPREAD = 32 << 20
 
 MATRIX = """
 [models.tiny-llama]
@@ -61,8 +64,8 @@ def test_a_kept_warm_up_buffer_fails_the_serving_capacity_test(project: pytest.P
     result = project.runpytest_subprocess(*args, "--gate-profile", "plant-warmup-buffer", "--gate-report", "out")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert re.search(r"kv_cache_bytes: now .*, baseline .*: -\d+\.\d+% \(-6\d\.\d\d MiB\), regressed", out), out
-    assert re.search(r"non_kv_bytes: now .*, baseline .*: \+\d+\.\d+% \(\+6\d\.\d\d MiB\), regressed", out), out
+    assert re.search(r"kv_cache_bytes: now .*, baseline .*: -\d+\.\d+% \(-1\d\d\.\d\d MiB\), regressed", out), out
+    assert re.search(r"non_kv_bytes: now .*, baseline .*: \+\d+\.\d+% \(\+1\d\d\.\d\d MiB\), regressed", out), out
     kv = _metric(project.path / "out" / "report.json", "kv_cache_bytes")
     drop = kv["baseline"]["value"] - kv["now"]["value"]  # type: ignore[index, operator]
-    assert abs(drop - PLANT) < 0.05 * PLANT, f"the KV cache shrank by {drop:.0f} B, the plant keeps {PLANT} B"
+    assert abs(drop - PLANT) <= SPREAD, f"the KV cache shrank by {drop:.0f} B, the plant keeps {PLANT} B"

@@ -19,11 +19,12 @@ from vramgate import Gate
 from vramgate.engine import EngineSpec, engine_tier
 from vramgate.testing import Engine, MatrixCase, ModelLoader
 
-#: Run-to-run spread of the CPU tier's automatic KV figures (the RSS after warm-up), 17 unchanged runs against
-#: two recordings on 2 cores, some beside other engines (docs/serving.md): the KV cache moved by at most 0.42% of
-#: its 1.36 GiB (the range of one series 9.1 MiB), the non-KV memory by 0.89% of its 0.66 GiB, the load's peak by
-#: 0.56%. A planted 64 MiB buffer moves them 4.8% and 10.2%; vLLM 0.32.0 against 0.31.0 moved them 1.3% and 2.8%.
-CPU_TOLERANCE = {"kv": 0.01, "non_kv": 0.02, "peak": 0.02}
+#: Run-to-run spread of the CPU tier's automatic KV figures (the RSS of a fresh engine after its compiled warm-up),
+#: 10 unchanged runs against a recording on 2 cores (docs/serving.md): the non-KV memory took 761-782 MiB, so the
+#: KV cache's size, tokens and concurrency moved by up to 1.3% against the baseline (the whole range: 1.6% of its
+#: 1.25 GiB) and the non-KV memory by up to 2.2% (range 2.7%); the load's peak by 0.4%. Each tolerance is about
+#: twice the whole range. A planted 128 MiB buffer moves them 10% and 17%.
+CPU_TOLERANCE = {"kv": 0.03, "non_kv": 0.05, "peak": 0.02}
 #: The GPU tier's: vLLM's profiling reads the allocator and the driver, reproducible to a few MiB on an idle GPU;
 #: not yet measured on one (docs/serving.md, "The first run on a GPU class").
 GPU_TOLERANCE = {"kv": 0.02, "non_kv": 0.05, "peak": 0.05}
