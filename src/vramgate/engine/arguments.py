@@ -49,15 +49,8 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None
     budget = kv_budget_bytes(spec)
     if budget is None:
         return _automatic_kwargs(spec, model_dir, device_total_bytes, node_memory_bytes)
-    kwargs: dict[str, Any] = dict(
-        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
-        block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
-        enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
-        tensor_parallel_size=spec.tensor_parallel_size, kv_cache_memory_bytes=budget,
-        seed=spec.seed, disable_log_stats=False,
-    )
-    _backend_and_quantization(spec, kwargs)
+    kwargs = _base_kwargs(spec, model_dir)
+    kwargs["kv_cache_memory_bytes"] = budget
     if device_total_bytes:
         from vramgate.models.config import ModelConfigError, read_config
         from vramgate.models.quant import QuantConfigError, weight_size
@@ -72,17 +65,8 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None
     return kwargs
 
 
-def _backend_and_quantization(spec: EngineSpec, kwargs: dict[str, Any]) -> None:
-    if spec.attention_backend:
-        kwargs["attention_backend"] = spec.attention_backend
-    if spec.quantization:
-        kwargs["quantization"] = spec.quantization
-
-
-def _automatic_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None,
-                      node_memory_bytes: int | None) -> dict[str, Any]:
-    """:func:`llm_kwargs` for a spec whose KV cache vLLM sizes itself: no ``kv_cache_memory_bytes``, the
-    serving configuration's utilization, and CUDA graphs as the spec (vLLM's default: on) has them."""
+def _base_kwargs(spec: EngineSpec, model_dir: Path) -> dict[str, Any]:
+    """What every engine of *spec* passes, with a KV budget or without."""
     kwargs: dict[str, Any] = dict(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
         block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
@@ -90,7 +74,18 @@ def _automatic_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int
         enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
         tensor_parallel_size=spec.tensor_parallel_size, seed=spec.seed, disable_log_stats=False,
     )
-    _backend_and_quantization(spec, kwargs)
+    if spec.attention_backend:
+        kwargs["attention_backend"] = spec.attention_backend
+    if spec.quantization:
+        kwargs["quantization"] = spec.quantization
+    return kwargs
+
+
+def _automatic_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None,
+                      node_memory_bytes: int | None) -> dict[str, Any]:
+    """:func:`llm_kwargs` for a spec whose KV cache vLLM sizes itself: no ``kv_cache_memory_bytes``, the
+    serving configuration's utilization, and CUDA graphs as the spec (vLLM's default: on) has them."""
+    kwargs = _base_kwargs(spec, model_dir)
     if device_total_bytes is None and spec.cpu_memory_bytes is not None:
         if not node_memory_bytes:
             raise ValueError("a CPU engine with cpu_memory_bytes needs the NUMA node's memory to turn it into "
