@@ -15,15 +15,21 @@ from vramgate import Gate
 from vramgate.engine import EngineResult, cpu_backend_problem, engine_tier
 from vramgate.profiles import Profile
 from vramgate.sim import SimResult
-from vramgate.testing import PRESSURE_SPEC, Engine, ModelLoader, Simulator, check_claims, skip_unmet
+from vramgate.testing import (
+    PRESSURE_SPEC,
+    Engine,
+    ModelLoader,
+    Simulator,
+    check_claims,
+    skip_unmet,
+    unpaired_latency_tolerance,
+)
 from vramgate.workloads import build
 
 SIM_REQUESTS = 5000
 SIM_KV_BLOCKS = 4096
-#: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
-#: 314 comparisons at 50% or 100% (docs/calibration.md). 1.0 gates gross changes only: twice the
-#: latency, or half the throughput (tolerances are ratio terms both ways); suites/latency's paired test sees 10%.
-TOLERANCE = 1.0 if engine_tier() == "cpu" else None
+#: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
+TOLERANCE = unpaired_latency_tolerance()
 
 
 def simulate(simulator: Simulator, profile: Profile | None) -> SimResult:

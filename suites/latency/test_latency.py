@@ -3,7 +3,7 @@
 TTFT, TPOT and end-to-end latency come from vLLM's own request stats; each
 request is one sample. On the CPU tier the engine runs one OpenMP thread on a
 shared machine, so these gate only gross regressions (tolerance 100%: a
-doubling fails); on a GPU box the default 5% applies. The models (and each one's block size) are the
+doubling fails); on a GPU box 30% (calibrated on an H200). The models (and each one's block size) are the
 matrix's (``vramgate.toml``).
 """
 
@@ -12,13 +12,10 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import engine_tier
-from vramgate.testing import Engine, MatrixCase, small_run_spec
+from vramgate.testing import Engine, MatrixCase, small_run_spec, unpaired_latency_tolerance
 
-#: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
-#: 314 comparisons at 50% or 100% (docs/calibration.md). 1.0 gates gross changes only: twice the
-#: latency, or half the throughput (tolerances are ratio terms both ways); the paired test sees 10%.
-TOLERANCE = 1.0 if engine_tier() == "cpu" else None
+#: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
+TOLERANCE = unpaired_latency_tolerance()
 
 
 @pytest.mark.gate_matrix("latency", id="{model}")

@@ -15,14 +15,11 @@ import pytest
 
 from vramgate import Gate
 from vramgate.core.metrics import median
-from vramgate.engine import engine_tier
 from vramgate.profiles import Profile
-from vramgate.testing import QuantRuns
+from vramgate.testing import QuantRuns, unpaired_latency_tolerance
 
-#: Raw latency against a baseline from another process, on 2 shared cores: 31.5% false alarms at 7.5%, none in
-#: 314 comparisons at 50% or 100% (docs/calibration.md). 1.0 gates gross changes only: twice the
-#: latency, or half the throughput (tolerances are ratio terms both ways); the fine check is the paired latency suite's.
-TOLERANCE = 1.0 if engine_tier() == "cpu" else 0.2
+#: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
+TOLERANCE = unpaired_latency_tolerance()
 
 
 @pytest.mark.gate_profiles("quantization", reference="bf16")

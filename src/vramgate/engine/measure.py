@@ -41,11 +41,13 @@ def device_total_bytes(torch: Any) -> int | None:
 def worker_allocator(worker: Any) -> dict[str, int]:
     """This rank's CUDA caching-allocator figures, read inside the model worker (empty without CUDA).
 
-    Note [allocator peak]: vLLM resets the allocator's peak after loading the
-    weights (before its profile run), so the peak covers the profile run, the
-    KV cache and generation, not the weights (``weights_bytes``). It is read in
-    each rank's own process: with tensor parallelism the driver process holds
-    no model and its allocator says nothing about the ranks'.
+    Note [allocator peak]: the peak includes the resident weights. With a KV
+    budget vLLM 0.32.0 skips its memory profiling and never resets the peak (it
+    covers the whole run since the rank started); without one,
+    ``memory_profiling`` resets it after loading, so it starts at the resident
+    weights and covers them, the profile run, the KV cache and generation. It is
+    read in each rank's own process: with tensor parallelism the driver process
+    holds no model and its allocator says nothing about the ranks'.
     """
     import torch
 

@@ -10,9 +10,11 @@ from vramgate.testing.engines import (
     PRESSURE_SPEC,
     SMALL_RUN_BLOCK_SIZE,
     SMALL_RUN_BUDGET_GIB,
+    UNPAIRED_LATENCY_TOLERANCE,
     Engine,
     small_run_block_size,
     small_run_spec,
+    unpaired_latency_tolerance,
 )
 from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, session_matrix
 from vramgate.testing.models import ModelLoader
@@ -25,6 +27,7 @@ __all__ = [
     "PRESSURE_SPEC",
     "SMALL_RUN_BLOCK_SIZE",
     "SMALL_RUN_BUDGET_GIB",
+    "UNPAIRED_LATENCY_TOLERANCE",
     "Checkpoints",
     "Engine",
     "MatrixCase",
@@ -40,5 +43,6 @@ __all__ = [
     "skip_unmet",
     "small_run_block_size",
     "small_run_spec",
+    "unpaired_latency_tolerance",
     "version_problem",
 ]

@@ -43,6 +43,18 @@ class Engine:
         return result
 
 
+#: The tolerance of an engine's latency samples judged against a stored baseline from another process (unpaired),
+#: per engine tier (docs/calibration.md): on 2 shared CPU cores 31.5% false alarms at 7.5% and none of 314 at 50% or
+#: 100%, so 1.0 (twice the latency, half the throughput); on an H200 28.4% at 5%, 2.0% at 20%, none of 22,400 at
+#: 30%. The fine checks are the paired ones (both engines up, taking turns).
+UNPAIRED_LATENCY_TOLERANCE = {"cpu": 1.0, "gpu": 0.3}
+
+
+def unpaired_latency_tolerance() -> float:
+    """:data:`UNPAIRED_LATENCY_TOLERANCE` of this machine's engine tier."""
+    return UNPAIRED_LATENCY_TOLERANCE[engine_tier()]
+
+
 #: The KV-pressure engine run shared by the pressure and block_manager suites (one run per session):
 #: tiny-llama, 8 MiB of KV (about 8k tokens at 1 KiB per token) for 48 ShareGPT-like requests.
 PRESSURE_SPEC = EngineSpec(
