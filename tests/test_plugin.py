@@ -576,6 +576,35 @@ def test_timings_of_a_machine_of_another_speed_are_not_compared(pytester: pytest
     assert "records no machine speed" in json.dumps(finding)
 
 
+def test_a_gpu_keys_timings_are_judged_by_the_gpu_class_not_the_host_probe(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [machine speed]: under a GPU key the probe (which times the host) is neither recorded nor consulted:
+    a baseline without it is compared, and a regression fails."""
+    from vramgate.machine import hardware, speed
+
+    gpu = hardware.GPUInfo("Faked GPU", 80 * 10**9, (9, 0))
+    monkeypatch.setattr(hardware, "probe_gpus", lambda: ((gpu,), "580.0", "13.0"))
+    monkeypatch.setattr(speed, "machine_speed_s", lambda: 0.2)
+    pytester.makepyfile(
+        test_lat="""
+        import os, random
+        def test_lat(gate):
+            rng = random.Random(1)
+            scale = float(os.environ.get("SCALE", "1.0"))
+            gate.record_samples("tpot", [scale * 0.010 * rng.lognormvariate(0, 0.03) for _ in range(10)], unit="s",
+                                tolerance=0.3)
+        """
+    )
+    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=1)
+    data = json.loads((pytester.path / "baselines" / "test-hw" / "lat.json").read_text())
+    assert "machine_speed_s" not in data["tests"]["test_lat.py::test_lat"]["recorded"]
+    monkeypatch.setattr(speed, "machine_speed_s", lambda: 0.4)  # another host: no matter
+    monkeypatch.setenv("SCALE", "1.6")
+    result = pytester.runpytest(*HW)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*tpot: now *, baseline *: +*%, regressed (measured*"])
+
+
 @pytest.mark.parametrize(("now", "then", "compared"), [(0.2, 0.2, True), (0.2, 0.26, True), (0.26, 0.2, True),
                                                         (0.2, 0.13, False), (0.13, 0.2, False), (0.2, None, False)])
 def test_speed_band(now: float, then: float | None, compared: bool) -> None:

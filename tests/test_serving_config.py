@@ -113,14 +113,16 @@ def test_the_project_matrix_serves_on_both_tiers(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_upgrade_report_says_what_utilization_keeps_the_old_kv_cache() -> None:
+    from vramgate.core.metrics import Metric
     from vramgate.report.upgrade import upgrade_markdown
     from vramgate.tools.upgrade import serving_advice
 
     def report(kv: int, non_kv: int) -> dict[str, object]:
-        return {"tests": [{"suite": "serving_capacity", "nodeid": "s.py::test_serving_kv_capacity[tiny-llama-bs32]",
-                           "metrics": [{"name": n, "now": {"value": v}} for n, v in
-                                       (("kv_cache_bytes", kv), ("non_kv_bytes", non_kv),
-                                        ("requested_bytes", kv + non_kv))]}]}
+        figures = (("kv_cache_bytes", kv), ("non_kv_bytes", non_kv), ("requested_bytes", kv + non_kv))
+        return {"schema": 1, "tests": [{"suite": "serving_capacity",
+                                        "nodeid": "s.py::test_serving_kv_capacity[tiny-llama-bs32]",
+                                        "metrics": [{"name": n, "now": Metric(n, v, "B", scope="machine").to_json()}
+                                                    for n, v in figures]}]}
 
     gib, mib = 1 << 30, 1 << 20
     rows = serving_advice(report(gib + 400 * mib, 624 * mib), report(gib + 336 * mib, 688 * mib))
@@ -222,3 +224,18 @@ def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: 
     assert (d.non_kv_bytes, d.cudagraph_bytes, d.load_peak_fraction) == (12 * gib, gib, 70 / 72)
     assert d.cudagraph_estimate_error == pytest.approx(0.1)
     assert d.utilization_for(60 * gib) == pytest.approx(0.9)
+
+
+def test_a_cpu_decision_takes_the_node_memory_vllm_read() -> None:
+    """On CPU the node's memory is what vLLM requested its fraction of (requested / utilization), not a second
+    reading of the node, whose memory a virtual machine may change between the two."""
+    from types import SimpleNamespace
+
+    from vramgate.engine.memory_decision import decide
+
+    gib = 1 << 30
+    cache = SimpleNamespace(gpu_memory_utilization=2 / 11, num_gpu_blocks=40000, kv_cache_size_tokens=1280000,
+                            kv_cache_max_concurrency=625.0)
+    d = decide(SimpleNamespace(available_gpu_memory_for_kv_cache=gib + gib // 4), cache,
+               SimpleNamespace(max_model_len=2048), {"tier": "cpu", "requested_bytes": 2 * gib}, None)
+    assert d.total_bytes == 11 * gib and d.non_kv_bytes == 3 * gib // 4 and d.load_peak_fraction is None

@@ -25,8 +25,8 @@ from vramgate.testing import Engine, MatrixCase, ModelLoader
 #: 1.25 GiB) and the non-KV memory by up to 2.2% (range 2.7%); the load's peak by 0.4%. Each tolerance is about
 #: twice the whole range. A planted 128 MiB buffer moves them 10% and 17%.
 CPU_TOLERANCE = {"kv": 0.03, "non_kv": 0.05, "peak": 0.02}
-#: The GPU tier's: vLLM's profiling reads the allocator and the driver, reproducible to a few MiB on an idle GPU;
-#: not yet measured on one (docs/serving.md, "The first run on a GPU class").
+#: The GPU tier's: not measured (no GPU run of this suite yet); the first runs on a GPU class measure them
+#: (docs/serving.md, "The first run on a GPU class").
 GPU_TOLERANCE = {"kv": 0.02, "non_kv": 0.05, "peak": 0.05}
 #: The short load after start-up: 32 requests of 128 + 64 tokens, all at once (the peak it reaches is the figure).
 LOAD = EngineSpec(model="tiny-llama", workload="fixed", requests=32)

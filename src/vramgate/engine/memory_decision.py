@@ -155,9 +155,8 @@ def worker_memory_decision(worker: Any) -> dict[str, Any]:
     the profiling breakdown, the CUDA-graph estimate and whether it was applied, and the captured pool."""
     import torch
 
-    if not torch.cuda.is_available():
-        return {"tier": "cpu", "requested_bytes": int(worker.requested_cpu_memory),
-                "total_bytes": cpu_node_memory_bytes()}
+    if not torch.cuda.is_available():  # the node's memory: what the requested memory is the fraction of (decide)
+        return {"tier": "cpu", "requested_bytes": int(worker.requested_cpu_memory)}
     from vllm import envs
     from vllm.v1.worker import gpu_worker
 
@@ -195,9 +194,13 @@ def decide(core: Any, cache: Any, model_config: Any, rank: dict[str, Any], load_
     side (:func:`worker_memory_decision`), with the load's peak when measured."""
     available = int(core.available_gpu_memory_for_kv_cache)
     requested = int(rank["requested_bytes"])
+    utilization = float(cache.gpu_memory_utilization)
+    # GPU: the worker's own snapshot of the device; CPU: vLLM requested ceil(node x utilization), so the node's memory
+    # as vLLM read it is requested / utilization (to a byte per 1 / utilization), not a second reading of it.
+    total = int(rank["total_bytes"]) if rank.get("total_bytes") else round(requested / utilization)
     return MemoryDecision(
-        tier=str(rank["tier"]), gpu_memory_utilization=float(cache.gpu_memory_utilization),
-        total_bytes=int(rank["total_bytes"]), requested_bytes=requested, available_kv_bytes=available,
+        tier=str(rank["tier"]), gpu_memory_utilization=utilization,
+        total_bytes=total, requested_bytes=requested, available_kv_bytes=available,
         num_blocks=int(cache.num_gpu_blocks), capacity_tokens=int(cache.kv_cache_size_tokens),
         max_concurrency=float(cache.kv_cache_max_concurrency), max_model_len=int(model_config.max_model_len),
         non_kv_bytes=requested - available, weights_bytes=rank.get("weights_memory"),

@@ -292,28 +292,25 @@ def confirmed_rounds(engines: PairedEngines, settings: PairedDefaults, *, seed: 
     rounds to fail; a real regression is in every round, and 2x the rounds only sharpens the pooled test. A first
     look that passes is the verdict: the second look costs time only on a failure.
     """
-    first = engines.run(settings.rounds, seed=seed)
-    ref, cand = first.stats(settings.stat)
-    looks = [_look("first look", ref, cand, settings)]
-    if not _worse(ref, cand, settings):
+    ref, cand = engines.run(settings.rounds, seed=seed).stats(settings.stat)
+    line, worse = _look("first look", ref, cand, settings)
+    looks = [line]
+    if not worse:
         return ref, cand, looks
-    second = engines.run(settings.rounds, seed=seed + 1)
-    more_ref, more_cand = second.stats(settings.stat)
-    looks.append(_look("second look", more_ref, more_cand, settings))
+    more_ref, more_cand = engines.run(settings.rounds, seed=seed + 1).stats(settings.stat)
+    looks.append(_look("second look", more_ref, more_cand, settings)[0])
     ref, cand = ref + more_ref, cand + more_cand
-    looks.append(_look("pooled (the verdict)", ref, cand, settings))
+    looks.append(_look("pooled (the verdict)", ref, cand, settings)[0])
     return ref, cand, looks
 
 
-def _worse(ref: list[float], cand: list[float], settings: PairedDefaults) -> bool:
-    return compare_samples(ref, cand, better="lower", tolerance=settings.tolerance, alpha=settings.alpha).regressed
-
-
-def _look(name: str, ref: list[float], cand: list[float], settings: PairedDefaults) -> str:
+def _look(name: str, ref: list[float], cand: list[float], settings: PairedDefaults) -> tuple[str, bool]:
+    """The in-run check of one look (the test's own, :func:`~vramgate.core.checks.check_budget`'s rule): the line
+    saying what it found, and whether the candidate is worse."""
     r = compare_samples(ref, cand, better="lower", tolerance=settings.tolerance, alpha=settings.alpha)
     return (f"{name}: {len(ref)} rounds, candidate median {r.candidate_median:.6g} vs reference "
             f"{r.baseline_median:.6g} ({format_change(r.change)}; tolerance {settings.tolerance:.1%}, one-sided "
-            f"p = {r.p_worse:.2g}): {'worse' if r.regressed else 'not worse'}")
+            f"p = {r.p_worse:.2g}): {'worse' if r.regressed else 'not worse'}"), r.regressed
 
 
 def paired_defaults(tier: str) -> PairedDefaults:

@@ -82,8 +82,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     on_gpu = torch.cuda.is_available()
     automatic = kv_budget_bytes(spec) is None  # Note [automatic KV] in vramgate.engine.memory_decision
-    kwargs = llm_kwargs(spec, shape.path.parent, device_total_bytes(torch),
-                        cpu_node_memory_bytes() if automatic and not on_gpu else None)
+    kwargs = _engine_kwargs(spec, shape.path.parent, torch)
     if automatic:
         install_hooks()
     history = history_dir is not None and on_gpu
@@ -217,6 +216,14 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     }
 
 
+def _engine_kwargs(spec: EngineSpec, model_dir: Path, torch: Any) -> dict[str, Any]:
+    """:func:`~vramgate.engine.arguments.llm_kwargs` with what only the engine's process can read: the device's
+    memory and, for a CPU spec without a KV budget, the NUMA node's (Note [automatic KV])."""
+    on_cpu = not torch.cuda.is_available()
+    node = cpu_node_memory_bytes() if on_cpu and kv_budget_bytes(spec) is None else None
+    return llm_kwargs(spec, model_dir, device_total_bytes(torch), node)
+
+
 def _exit_with_parent() -> None:
     """End this process when the one that started it goes away (a server must not outlive its gate run)."""
     import threading
@@ -251,9 +258,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
     with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
-        on_cpu = not torch.cuda.is_available()
-        node = cpu_node_memory_bytes() if on_cpu and kv_budget_bytes(spec) is None else None  # Note [automatic KV]
-        llm = LLM(**llm_kwargs(spec, shape.path.parent, device_total_bytes(torch), node))
+        llm = LLM(**_engine_kwargs(spec, shape.path.parent, torch))
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:

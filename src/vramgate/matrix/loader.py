@@ -66,7 +66,9 @@ MATRIX_FILE = "vramgate.toml"
 _BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
                "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_BUDGET = re.compile(r"^\s*(<=|>=)\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
+_NUMBER_AND_UNIT = r"([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$"
+_BUDGET = re.compile(r"^\s*(<=|>=)\s*" + _NUMBER_AND_UNIT)
+_AMOUNT = re.compile(r"^\s*" + _NUMBER_AND_UNIT)
 
 
 class MatrixError(ValueError):
@@ -264,15 +266,21 @@ def parse_budget(source: str, where: str, metric: str, text: object) -> Budget:
     if m is None:
         raise MatrixError(f"{source}: {where}.{metric}: {text!r} is not a budget; write \"<= NUMBER [UNIT]\" or "
                           f"\">= NUMBER [UNIT]\"")
-    op, number, unit = m.group(1), float(m.group(2).replace("_", "").replace(",", "")), m.group(3)
+    value, base = _amount(source, f"{where}.{metric}", m.group(2), m.group(3))
+    return Budget(metric, m.group(1), value, base, text.strip())
+
+
+def _amount(source: str, where: str, number: str, unit: str) -> tuple[float, str | None]:
+    """*number* *unit* in its base unit (bytes, seconds) and that unit (None for a plain number)."""
+    value = float(number.replace("_", "").replace(",", ""))
     if not unit:
-        return Budget(metric, op, number, None, text.strip())
+        return value, None
     if unit in _BYTE_UNITS:
-        return Budget(metric, op, number * _BYTE_UNITS[unit], "B", text.strip())
+        return value * _BYTE_UNITS[unit], "B"
     if unit in _TIME_UNITS:
-        return Budget(metric, op, number * _TIME_UNITS[unit], "s", text.strip())
+        return value * _TIME_UNITS[unit], "s"
     units = (*_BYTE_UNITS, *_TIME_UNITS)
-    raise MatrixError(f"{source}: {where}.{metric}: unknown unit {unit!r}{_suggest(unit, units)}")
+    raise MatrixError(f"{source}: {where}: unknown unit {unit!r}{_suggest(unit, units)}")
 
 
 def _model(source: str, name: str, table: object, configs: list[str] | None) -> Model:
@@ -318,11 +326,12 @@ def _serving(source: str, where: str, table: object, tier: str | None) -> Servin
     cpu_text = r.get("cpu_memory", str)
     cpu_memory = None
     if cpu_text is not None:
-        budget = parse_budget(source, f"{where}.serving", "cpu_memory", f"<= {cpu_text}")
-        if budget.unit != "B" or not budget.value >= 1 << 20:
+        m = _AMOUNT.match(cpu_text)
+        value, unit = _amount(source, f"{where}.serving.cpu_memory", *m.groups()) if m else (0.0, None)
+        if unit != "B" or not value >= 1 << 20:
             raise r.fail("cpu_memory", f"must be an amount of memory of at least 1 MiB, like \"4 GiB\", got "
                                        f"{cpu_text!r}")
-        cpu_memory = int(budget.value)
+        cpu_memory = int(value)
     if tier in (None, "gpu") and util is None:
         raise r.fail("gpu_memory_utilization", f"missing field: the {tier or 'gpu (and every)'} tier sizes the KV "
                                                "cache at the team's utilization, e.g. 0.90")

@@ -139,7 +139,11 @@ class GateSession:
             self._commit = git_commit(self.config.rootpath)
         commit = self._commit if isinstance(self._commit, str) else None
         return Provenance(commit=commit, date=now_utc(), software=self.software,
-                          machine_speed_s=speed.machine_speed_s() if scope == "machine" else None)
+                          machine_speed_s=speed.machine_speed_s() if self._speed_checked(scope) else None)
+
+    def _speed_checked(self, scope: str) -> bool:
+        """Whether *scope*'s timings carry the host's speed probe: machine-bound, CPU key (Note [machine speed])."""
+        return scope == "machine" and self.fingerprint.tier == "cpu"
 
     # -- collection ------------------------------------------------------------
 
@@ -178,18 +182,14 @@ class GateSession:
         return out
 
     def plan_baselines(self, items: list[pytest.Item]) -> list[tuple[str, str, str, list[str], list[str]]]:
-        """(suite, node id, the files it reads, the metrics it would compare, the metrics it would record as new)
-        for each gated test: its stored metrics under both scopes' keys, and the rest of what its suite records
-        (the matrix's list of a suite's metrics, where the suite has one) as what this machine would record."""
+        """(suite, node id, files read, metrics stored there, the rest of its suite's metrics per the matrix, which
+        this machine would record) for each gated test (``--gate-plan``)."""
         from vramgate.matrix.loader import SUITE_METRICS
 
         out = []
-        for item in items:
-            if not self.uses_gate(item):
-                continue
+        for item in (i for i in items if self.uses_gate(i)):
             suite = self.suite_for(item)
-            compared: list[str] = []
-            files = []
+            compared, files = [], []
             for scope in ("portable", "machine"):
                 key = self.key_for(scope)
                 entry = self._entry(key, suite, item.nodeid)
@@ -263,11 +263,11 @@ class GateSession:
                 findings.append(Finding(metric, missing, budget=budget,
                                         detail=f"{key} has no baselines" if missing == "no baselines" else ""))
                 continue
-            slower = (speed.speed_mismatch(speed.machine_speed_s(), entry.recorded.machine_speed_s)
-                      if entry and metric.kind == "measured" and metric.effective_scope == "machine" else None)
-            if slower is not None:  # Note [machine speed]: a timing of another machine is not compared
+            timed = metric.kind == "measured" and self._speed_checked(metric.effective_scope)
+            slower = speed.mismatch_here(entry.recorded.machine_speed_s) if entry and timed else None
+            if entry and slower is not None:  # Note [machine speed]: a timing of another machine is not compared
                 unjudged: Verdict = "updated" if self.update and recordable and writes else "not compared"
-                findings.append(Finding(metric, unjudged, base, entry.recorded if entry else None,
+                findings.append(Finding(metric, unjudged, base, entry.recorded,
                                         relative_change(metric.value, base.value), budget, slower))
                 continue
             verdict, change, how = check_baseline(metric, base)
@@ -303,8 +303,7 @@ class GateSession:
         else:
             return
         key = self.key_for(scope)
-        self.pending.setdefault((key, result.suite), {})[result.nodeid] = NodeBaseline(metrics,
-                                                                                       self.provenance(scope))
+        self.pending.setdefault((key, result.suite), {})[result.nodeid] = NodeBaseline(metrics, self.provenance(scope))
 
     def write_baselines(self) -> None:
         """Write the queued baselines; what cannot be written becomes an error of the session."""

@@ -252,17 +252,17 @@ def serving_advice(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, A
     """Per serving capacity test both reports hold: the memory the new version needs to give the KV cache the old
     one had (the old KV cache plus the new non-KV memory), as a factor on the team's ``gpu_memory_utilization``
     (or ``cpu_memory``). vLLM 0.32.0 advises so for its CUDA-graph estimate; this is for the whole difference."""
-    def figures(report: dict[str, Any]) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
-        for test in report.get("tests") or []:
-            if test.get("suite") != "serving_capacity":
-                continue
-            values = {m["name"]: m["now"]["value"] for m in test.get("metrics") or [] if m.get("now")}
-            if {"kv_cache_bytes", "non_kv_bytes", "requested_bytes"} <= set(values):
-                out[test["nodeid"]] = values
-        return out
+    from vramgate.store.report_files import report_metrics
 
-    before, after = figures(old), figures(new)
+    def figures(report: dict[str, Any], source: str) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for m in report_metrics(report, source, UpgradeError):
+            if m.suite == "serving_capacity":
+                out.setdefault(m.nodeid, {})[m.metric.name] = m.metric.value
+        return {nodeid: v for nodeid, v in out.items()
+                if {"kv_cache_bytes", "non_kv_bytes", "requested_bytes"} <= set(v)}
+
+    before, after = figures(old, "the old version's report"), figures(new, "the new version's report")
     rows = []
     for nodeid in sorted(set(before) & set(after)):
         was, now = before[nodeid], after[nodeid]
@@ -304,7 +304,8 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
                    workers=workers)
     new = run_side(root, SideRun(labels[1], new_env, out / f"vllm-{new_version}"), args, upgrade_from=None,
                    workers=workers)
-    comparison = compare_reports(read_report(old.report), read_report(new.report), labels=labels)
+    old_report, new_report = read_report(old.report), read_report(new.report)
+    comparison = compare_reports(old_report, new_report, labels=labels)
     latency: dict[str, Any] = {}
     if paired:
         side = run_side(root, SideRun(f"paired {labels[1]} / {labels[0]}", new_env, out / "paired"), [PAIRED_TEST],
@@ -316,7 +317,7 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
         "runs": [old.to_json(), new.to_json()], "comparison": comparison.to_json(),
         "comparison_markdown": comparison.markdown(one_sided=False, level=4), "paired": latency,
         "profiles": profiles, "headline": [r.to_json() for r in comparison.rows if r.suite in headline],
-        "serving": serving_advice(read_report(old.report), read_report(new.report)),
+        "serving": serving_advice(old_report, new_report),
         "only_new": one_sided([r.to_json() for r in comparison.added], old),
         "only_old": one_sided([r.to_json() for r in comparison.removed], new),
         # Note [upgrade timings]: measured metrics (timings) of the two separate runs are shown, not gating.
