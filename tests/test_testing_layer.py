@@ -119,3 +119,5 @@ def test_unpaired_latency_takes_the_calibrated_tolerance_on_each_tier(monkeypatc
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         assert module.TOLERANCE == expected, path
+        if hasattr(module, "TTFT_TOLERANCE"):
+            assert module.TTFT_TOLERANCE == {"cpu": 3.0, "gpu": 0.3}[tier], path

@@ -3,7 +3,8 @@
 TTFT, TPOT and end-to-end latency come from vLLM's own request stats; each
 request is one sample. On the CPU tier the engine runs one OpenMP thread on a
 shared machine, so these gate only gross regressions (tolerance 100%: a
-doubling fails); on a GPU box 30% (calibrated on an H200). The models (and each one's block size) are the
+doubling fails; TTFT, one measurement for requests that arrive together, 300%); on a GPU box 30% (calibrated on
+an H200 for kernels). The models (and each one's block size) are the
 matrix's (``vramgate.toml``).
 """
 
@@ -16,6 +17,8 @@ from vramgate.testing import Engine, MatrixCase, small_run_spec, unpaired_latenc
 
 #: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
 TOLERANCE = unpaired_latency_tolerance()
+#: TTFT of requests that all arrive at once: one measurement shared by every request (vramgate.testing).
+TTFT_TOLERANCE = unpaired_latency_tolerance(first_token=True)
 
 
 @pytest.mark.gate_matrix("latency", id="{model}")
@@ -25,7 +28,7 @@ def test_engine_latency(gate: Gate, engine: Engine, model: str, block_size: int,
     result = engine.run(spec)
     lat = result.latency
     assert len(lat["ttft_s"]) == spec.requests, "vLLM returned no per-request stats (disable_log_stats must be False)"
-    gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TOLERANCE)
+    gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TTFT_TOLERANCE)
     gate.record_samples("tpot", lat["tpot_s"], unit="s", tolerance=TOLERANCE)
     gate.record_samples("e2e", lat["e2e_s"], unit="s", tolerance=TOLERANCE)
     per_request = [n / e for n, e in zip(lat["output_lens"], lat["e2e_s"], strict=True) if e > 0]

@@ -48,11 +48,18 @@ class Engine:
 #: 100%, so 1.0 (twice the latency, half the throughput); on an H200 28.4% at 5%, 2.0% at 20%, none of 22,400 at
 #: 30%. The fine checks are the paired ones (both engines up, taking turns).
 UNPAIRED_LATENCY_TOLERANCE = {"cpu": 1.0, "gpu": 0.3}
+#: The same for the TTFT of a run whose requests all arrive at once (the shared small runs): every request's first
+#: token comes from the engine's first steps after start-up, so its samples are one measurement, not one per
+#: request. On the 2-core CPU, in two-worker gate runs of unchanged trees whose figures were kept, it moved 1.20x
+#: and 2.04x (tiny-llama; TPOT 0.72x in the second) and 0.30x (tiny-deepseek-v2) against its baseline: past the
+#: 100% tolerance. 3.0 fails a fourfold TTFT only; the paired tests carry the fine check. Thinly calibrated.
+FIRST_TOKEN_TOLERANCE = {"cpu": 3.0, "gpu": 0.3}
 
 
-def unpaired_latency_tolerance() -> float:
-    """:data:`UNPAIRED_LATENCY_TOLERANCE` of this machine's engine tier."""
-    return UNPAIRED_LATENCY_TOLERANCE[engine_tier()]
+def unpaired_latency_tolerance(*, first_token: bool = False) -> float:
+    """:data:`UNPAIRED_LATENCY_TOLERANCE` (*first_token*: :data:`FIRST_TOKEN_TOLERANCE`) of this machine's engine
+    tier."""
+    return (FIRST_TOKEN_TOLERANCE if first_token else UNPAIRED_LATENCY_TOLERANCE)[engine_tier()]
 
 
 #: The KV-pressure engine run shared by the pressure and block_manager suites (one run per session):
