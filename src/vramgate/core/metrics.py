@@ -25,6 +25,11 @@ Its *scope* decides which machines it is compared on (Note [metric scope]):
     allocator and NVML figures, bytes of weights that a kernel repacks).
     Stored under the hardware key and compared only on machines of that key.
 
+Note [budget-only figures]: a test may record a metric with ``history=False``: it is held to its budgets and
+shown in the report, but never compared with a stored baseline (its verdict is "not compared") and never
+written into one. For figures whose change from one run to the next is noise, not regression: the tail
+percentiles of one load, a memory slope whose unchanged value is close to zero.
+
 The default follows the kind: ``exact`` metrics are portable, ``measured``
 ones (and paired ratios) machine-bound. A test overrides it with
 ``scope="machine"`` for an exact figure that the machine decides, e.g. a
@@ -237,6 +242,10 @@ class Metric:
     """For a ratio from paired runs: both sides' samples, checked against each other in the same session."""
     scope: Scope | None = None
     """``portable`` or ``machine``; None takes the kind's default (see Note [metric scope])."""
+    history: bool = True
+    """False: held to its budgets (``ceiling``/``floor``) only, never against a baseline, and never stored in
+    one: a figure of one run whose relative change means nothing, e.g. a memory slope near zero or the p99 of
+    one load (Note [budget-only figures])."""
 
     def __post_init__(self) -> None:
         where = f"metric {self.name!r}"

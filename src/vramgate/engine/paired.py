@@ -305,11 +305,17 @@ def confirmed_rounds(engines: PairedEngines, settings: PairedDefaults, *, seed: 
 
 
 def _look(name: str, ref: list[float], cand: list[float], settings: PairedDefaults) -> tuple[str, bool]:
-    """The in-run check of one look (the test's own, :func:`~vramgate.core.checks.check_budget`'s rule): the line
-    saying what it found, and whether the candidate is worse."""
-    r = compare_samples(ref, cand, better="lower", tolerance=settings.tolerance, alpha=settings.alpha)
+    """The in-run check of one look with *settings*' tolerance and alpha (see :func:`look`)."""
+    return look(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha)
+
+
+def look(name: str, ref: Sequence[float], cand: Sequence[float], *, tolerance: float, alpha: float
+         ) -> tuple[str, bool]:
+    """The in-run check of one look of a paired test (the test's own, :func:`~vramgate.core.checks.check_budget`'s
+    rule): the line saying what it found, and whether the candidate is worse."""
+    r = compare_samples(ref, cand, better="lower", tolerance=tolerance, alpha=alpha)
     return (f"{name}: {len(ref)} rounds, candidate median {r.candidate_median:.6g} vs reference "
-            f"{r.baseline_median:.6g} ({format_change(r.change)}; tolerance {settings.tolerance:.1%}, one-sided "
+            f"{r.baseline_median:.6g} ({format_change(r.change)}; tolerance {tolerance:.1%}, one-sided "
             f"p = {r.p_worse:.2g}): {'worse' if r.regressed else 'not worse'}"), r.regressed
 
 

@@ -141,6 +141,64 @@ block_size = 16
 gpu_memory_utilization = 0.90
 max_model_len = 2048
 max_num_seqs = 32
+
+# Online serving: vLLM's OpenAI-compatible server under the team's load, measured by vLLM's own benchmark client
+# (vllm bench serve). The pre-merge case: one request rate and the memory slope of a sustained load; the second
+# rate in the full gate. docs/serving.md, "Online serving".
+[[entries]]
+suites = ["serving"]
+model = "tiny-llama"
+tier = "cpu"
+block_size = 32
+[entries.serving]
+cpu_memory = "2 GiB"
+enforce_eager = true
+max_model_len = 1024
+max_num_seqs = 32
+[entries.load]
+request_rates = [4]
+num_prompts = 40
+input_len = 64
+output_len = 32
+slo = { ttft = "1 s", tpot = "100 ms" }
+[entries.budgets]
+memory_slope = "<= 384 MiB per 1000 requests"
+
+[[entries]]
+suites = ["serving"]
+model = "tiny-llama"
+tier = "cpu"
+block_size = 32
+nightly = "the second request rate: the same server, past its capacity on 2 cores"
+[entries.serving]
+cpu_memory = "2 GiB"
+enforce_eager = true
+max_model_len = 1024
+max_num_seqs = 32
+[entries.load]
+request_rates = [16]
+num_prompts = 40
+input_len = 64
+output_len = 32
+slo = { ttft = "1 s", tpot = "100 ms" }
+
+[[entries]]
+suites = ["serving"]
+model = "tiny-llama"
+tier = "gpu"
+block_size = 16
+[entries.serving]
+gpu_memory_utilization = 0.90
+max_model_len = 2048
+max_num_seqs = 64
+[entries.load]
+request_rates = [4, 16, "inf"]
+num_prompts = 200
+input_len = 256
+output_len = 128
+slo = { ttft = "250 ms", tpot = "50 ms" }
+sustained_requests = 2000
+sustained_concurrency = 32
 """
 
 #: Where errors in the built-in default say it came from.

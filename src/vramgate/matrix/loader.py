@@ -40,7 +40,7 @@ from vramgate.models.config import available_models
 from vramgate.workloads import GENERATORS
 
 #: The suites an entry may name (the folders under ``suites/`` that parametrize from the matrix).
-SUITES = ("kv_cache", "capacity", "latency", "serving_capacity")
+SUITES = ("kv_cache", "capacity", "latency", "serving_capacity", "serving")
 #: Suites that read vLLM's KV accounting only, and the entry fields only an engine run uses (an entry of those
 #: suites alone that sets one would have it ignored).
 KV_ONLY_SUITES = frozenset({"kv_cache"})
@@ -53,9 +53,14 @@ SUITE_METRICS: dict[str, tuple[str, ...]] = {
     "latency": ("ttft", "tpot", "e2e", "request_throughput"),
     "serving_capacity": ("kv_cache_bytes", "capacity_tokens", "max_concurrency", "non_kv_bytes", "requested_bytes",
                          "load_peak_fraction", "cudagraph_bytes", "cudagraph_estimate_bytes"),
+    "serving": ("ttft", "tpot", "e2el", "ttft_p90", "ttft_p99", "tpot_p90", "tpot_p99", "itl_p50", "itl_p90",
+                "itl_p99", "e2el_p90", "e2el_p99", "request_throughput", "output_throughput", "goodput",
+                "memory_slope", "server_rss_bytes"),
 }
 #: Suites that run the entry's serving configuration and need one (``[entries.serving]``).
-SERVING_SUITES = frozenset({"serving_capacity"})
+SERVING_SUITES = frozenset({"serving_capacity", "serving"})
+#: Suites that put the entry's load on vLLM's server and need one (``[entries.load]``).
+LOAD_SUITES = frozenset({"serving"})
 #: vLLM 0.32.0's ``CUDAGraphMode`` names a serving configuration may give.
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 #: The engine tiers an entry may name.
@@ -68,6 +73,8 @@ _BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _NUMBER_AND_UNIT = r"([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$"
 _BUDGET = re.compile(r"^\s*(<=|>=)\s*" + _NUMBER_AND_UNIT)
+#: What a memory slope's budget may say after its amount (the metric is bytes per 1,000 requests).
+_PER_1K_REQUESTS = re.compile(r"\s+per\s+1[,_]?000\s+requests\s*$")
 _AMOUNT = re.compile(r"^\s*" + _NUMBER_AND_UNIT)
 
 
@@ -152,6 +159,34 @@ class Serving:
 
 
 @dataclass(frozen=True)
+class ServingLoad:
+    """An entry's load on vLLM's server (``[entries.load]``): what vLLM's benchmark client sends, and the SLOs its
+    goodput counts (docs/serving.md, "Online serving")."""
+
+    request_rates: tuple[float, ...]
+    """Requests per second, a case each (``inf``: all at once)."""
+    num_prompts: int = 40
+    input_len: int = 64
+    output_len: int = 32
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    slo: tuple[tuple[str, float], ...] = ()
+    """SLOs by the client's names (``ttft``, ``tpot``, ``e2el``), in seconds."""
+    sustained_requests: int = 400
+    """Requests of the sustained load whose memory slope is gated."""
+    sustained_concurrency: int = 8
+    paired_rounds: int = 20
+    paired_requests: int = 64
+    paired_concurrency: int = 8
+
+    def describe(self) -> str:
+        """One line: the load."""
+        rates = ", ".join("all at once" if r == float("inf") else f"{r:g}" for r in self.request_rates)
+        slo = "; SLO " + ", ".join(f"{k} {v * 1e3:g} ms" for k, v in self.slo) if self.slo else ""
+        return f"{self.num_prompts} requests of {self.input_len}+{self.output_len} tokens at {rates} req/s{slo}"
+
+
+@dataclass(frozen=True)
 class Entry:
     """One ``[[entries]]`` table: the suites that run one model, where, how, and the budgets they meet."""
 
@@ -172,6 +207,7 @@ class Entry:
     """Why this entry runs in the full gate only (the ``gate_nightly`` mark's reason); None: every run."""
     budgets: tuple[Budget, ...] = ()
     serving: Serving | None = None
+    load: ServingLoad | None = None
 
     def describe(self) -> str:
         """One line: what the entry runs."""
@@ -186,6 +222,8 @@ class Entry:
             parts.append(f"workload {self.workload.name}")
         if self.serving:
             parts.append(f"serving ({self.serving.describe()})")
+        if self.load:
+            parts.append(f"load ({self.load.describe()})")
         if self.budgets:
             parts.append("budgets " + "; ".join(b.describe() for b in self.budgets))
         return ", ".join(parts)
@@ -262,7 +300,7 @@ def parse_budget(source: str, where: str, metric: str, text: object) -> Budget:
     if not isinstance(text, str):
         raise MatrixError(f"{source}: {where}.{metric}: must be a string like \"<= 74 GiB\" or \">= 400000\", "
                           f"got {type(text).__name__} {text!r}")
-    m = _BUDGET.match(text)
+    m = _BUDGET.match(_PER_1K_REQUESTS.sub("", text) if metric == "memory_slope" else text)
     if m is None:
         raise MatrixError(f"{source}: {where}.{metric}: {text!r} is not a budget; write \"<= NUMBER [UNIT]\" or "
                           f"\">= NUMBER [UNIT]\"")
@@ -313,7 +351,7 @@ def _workload(source: str, name: str, table: object) -> Workload:
 
 
 ENTRY_FIELDS = ("suites", "model", "tier", "gpu", "tp", "dtype", "kv_cache_dtype", "block_size", "quantization",
-                "workload", "nightly", "budgets", "serving")
+                "workload", "nightly", "budgets", "serving", "load")
 SERVING_FIELDS = ("gpu_memory_utilization", "cpu_memory", "enforce_eager", "cudagraph_mode", "cudagraph_capture_sizes",
                   "max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
@@ -351,6 +389,52 @@ def _serving(source: str, where: str, table: object, tier: str | None) -> Servin
             raise r.fail(name, f"must be >= 1, got {ints[name]}")
     return Serving(None if util is None else float(util), cpu_memory, r.get("enforce_eager", bool, False), mode,
                    sizes, **ints)
+
+
+LOAD_FIELDS = ("request_rates", "num_prompts", "input_len", "output_len", "burstiness", "max_concurrency", "slo",
+               "sustained_requests", "sustained_concurrency", "paired_rounds", "paired_requests", "paired_concurrency")
+#: The SLOs vLLM's benchmark client counts goodput by (its ``--goodput`` names).
+SLO_NAMES = ("ttft", "tpot", "e2el")
+
+
+def _load(source: str, where: str, table: object) -> ServingLoad:
+    r = _Reader(source, f"{where}.load", table, LOAD_FIELDS)
+    raw = r.table.get("request_rates")
+    if not isinstance(raw, list) or not raw:
+        raise r.fail("request_rates", "missing field: a list of request rates in requests per second, like "
+                                      "[4, 16] (\"inf\": all at once)")
+    rates = []
+    for value in raw:
+        rate = float("inf") if value == "inf" else value
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise r.fail("request_rates", f"must be positive numbers of requests per second or \"inf\", got "
+                                          f"{value!r}")
+        rates.append(float(rate))
+    ints = {}
+    for name, default, least in (("num_prompts", 40, 8), ("input_len", 64, 1), ("output_len", 32, 2),
+                                 ("sustained_requests", 400, 40), ("sustained_concurrency", 8, 1),
+                                 ("paired_rounds", 20, 4), ("paired_requests", 64, 8), ("paired_concurrency", 8, 1)):
+        ints[name] = r.get(name, int, default)
+        if ints[name] < least:
+            raise r.fail(name, f"must be >= {least}, got {ints[name]}")
+    burstiness = r.get("burstiness", (int, float), 1.0)
+    if not burstiness > 0:
+        raise r.fail("burstiness", f"must be positive (1: Poisson arrivals), got {burstiness}")
+    concurrency = r.get("max_concurrency", int)
+    if concurrency is not None and concurrency < 1:
+        raise r.fail("max_concurrency", f"must be >= 1, got {concurrency}")
+    slo = []
+    for name, text in sorted(r.get("slo", dict, {}).items()):
+        if name not in SLO_NAMES:
+            raise r.fail("slo", f"unknown SLO {name!r}{_suggest(name, SLO_NAMES)}")
+        m = _AMOUNT.match(text) if isinstance(text, str) else None
+        value, unit = _amount(source, f"{where}.load.slo.{name}", *m.groups()) if m else (0.0, None)
+        if unit != "s" or not value > 0:
+            raise r.fail("slo", f"{name} must be a positive time like \"250 ms\", got {text!r}")
+        slo.append((name, value))
+    return ServingLoad(tuple(rates), ints["num_prompts"], ints["input_len"], ints["output_len"], float(burstiness),
+                       concurrency, tuple(slo), ints["sustained_requests"], ints["sustained_concurrency"],
+                       ints["paired_rounds"], ints["paired_requests"], ints["paired_concurrency"])
 
 
 def _entry(source: str, index: int, table: object, models: dict[str, Model],
@@ -399,6 +483,15 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
     if serving is not None and not needs_serving:
         raise r.fail("serving", f"no suite of this entry runs a serving configuration (those that do: "
                                 f"{', '.join(sorted(SERVING_SUITES))})")
+    load_table = r.get("load", dict)
+    load = None if load_table is None else _load(source, where, load_table)
+    needs_load = sorted(set(suites) & LOAD_SUITES)
+    if needs_load and load is None:
+        raise r.fail("load", f"missing table: the {', '.join(needs_load)} suite puts the team's load on vLLM's server "
+                             "([entries.load] with request_rates)")
+    if load is not None and not needs_load:
+        raise r.fail("load", f"no suite of this entry puts a load on a server (those that do: "
+                             f"{', '.join(sorted(LOAD_SUITES))})")
     budgets_table = r.get("budgets", dict, {})
     budgets = tuple(parse_budget(source, f"{where}.budgets", k, v) for k, v in budgets_table.items())
     recorded = sorted({m for suite in suites for m in SUITE_METRICS.get(suite, ())})
@@ -408,7 +501,7 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
                               f"that name{_suggest(budget.metric, recorded)} (they record: {', '.join(recorded)})")
     return Entry(index, suites, models[model], tier, gpu, tp, r.get("dtype", str, "bfloat16"),
                  r.items("kv_cache_dtype", str, ("auto",)), block_size, r.get("quantization", str),
-                 None if workload is None else workloads[workload], r.get("nightly", str), budgets, serving)
+                 None if workload is None else workloads[workload], r.get("nightly", str), budgets, serving, load)
 
 
 def parse_matrix(text: str, source: str, root: Path | None = None) -> Matrix:

@@ -50,6 +50,7 @@ class Gate:
         floor: float | None = None,
         tolerance: float | None = None,
         scope: Scope | None = None,
+        history: bool = True,
     ) -> Metric:
         """Record one metric of the running test.
 
@@ -63,14 +64,16 @@ class Gate:
         ``scope`` is ``portable`` (compared on every machine of the tier; the
         default for ``exact``) or ``machine`` (compared only on this hardware
         key: anything an ISA, kernel or device changes). See Note [metric
-        scope] in :mod:`vramgate.core.metrics`.
+        scope] in :mod:`vramgate.core.metrics`. ``history=False`` holds it to its budgets only, never to a
+        baseline (Note [budget-only figures] there).
         """
         if kind == "measured":
             raise ValueError(
                 f"metric {name!r}: a measured metric needs samples; use gate.record_samples(name, samples, ...)"
             )
         return self._add(
-            Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance, scope=scope)
+            Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance, scope=scope,
+                   history=history)
         )
 
     def record_samples(

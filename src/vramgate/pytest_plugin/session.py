@@ -252,6 +252,10 @@ class GateSession:
                 findings.append(Finding(metric, "untrusted", base, entry.recorded if entry else None, None,
                                         budget, "; ".join(recorder.untrusted)))
                 continue
+            if not metric.history:  # Note [budget-only figures] in vramgate.core.metrics
+                findings.append(Finding(metric, "not compared", budget=budget,
+                                        detail="held to its budgets only: never compared with a baseline"))
+                continue
             writes = self.update_scope in ("all", metric.effective_scope)
             if base is None:
                 missing: Verdict = "new" if self.update and recordable and writes else MISSING_VERDICTS[self.missing]
@@ -292,7 +296,7 @@ class GateSession:
             return  # a failing test's (or an untrusted measurement's) figures never become a baseline
         if self.update_scope not in ("all", scope):
             return
-        findings = [f for f in result.findings if f.metric.effective_scope == scope]
+        findings = [f for f in result.findings if f.metric.effective_scope == scope and f.metric.history]
         if self.update:
             metrics = {f.metric.name: f.metric for f in findings}
             if not metrics and entry is None:

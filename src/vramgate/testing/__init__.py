@@ -20,6 +20,7 @@ from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, se
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
+from vramgate.testing.serving import Servers, paired_burst, rate_load, sustained_loads
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
 
@@ -33,16 +34,20 @@ __all__ = [
     "MatrixCase",
     "ModelLoader",
     "QuantRuns",
+    "Servers",
     "Simulator",
     "TPRunner",
     "apply_budgets",
     "check_claims",
     "checkpoint_of",
     "matrix_params",
+    "paired_burst",
+    "rate_load",
     "session_matrix",
     "skip_unmet",
     "small_run_block_size",
     "small_run_spec",
+    "sustained_loads",
     "unpaired_latency_tolerance",
     "version_problem",
 ]

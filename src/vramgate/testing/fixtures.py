@@ -28,6 +28,7 @@ from vramgate.testing.matrix import MARKER_HELP as MATRIX_MARKER_HELP
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import ARGNAME, MARKER_HELP, parametrize_profiles, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns
+from vramgate.testing.serving import Servers
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
 
@@ -152,6 +153,20 @@ def engine(request: pytest.FixtureRequest, vllm_env: Path, project_root: Path,
             raise pytest.UsageError(f"--gate-profile: {exc}") from None
     return Engine(EngineCache(project_root, tmp_path_factory.mktemp("engine"), cache_root=vllm_env / "cache",
                               shared=vllm_env / "results"), profile=profile)
+
+
+@pytest.fixture(scope="session")
+def servers(request: pytest.FixtureRequest, vllm_env: Path, project_root: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """vLLM's OpenAI-compatible servers, one per engine spec and session: ``servers.get(spec)``, then
+    ``servers.loads(server, loads, folder)`` with vLLM's benchmark client (:mod:`vramgate.testing.serving`).
+    ``--gate-profile NAME`` applies a profile to every spec that names none. All stop when the session ends."""
+    profile = request.config.getoption(PROFILE_OPTION, None)
+    pool = Servers(project_root, tmp_path_factory.mktemp("servers"), cache_root=vllm_env / "cache", profile=profile)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ per entry of the matrix that names the suite and runs on this machine (Note [mat
 * ``block_size``, ``kv_cache_dtype``: one of the entry's (each a case); ``block_sizes``, ``kv_cache_dtypes``:
   all of them, as a tuple;
 * ``dtype``, ``tp``, ``quantization``;
+* ``request_rate``: one of the entry's ``[entries.load]`` request rates (each a case; the id's ``{request_rate}``);
 * ``matrix_case``: a :class:`MatrixCase`, whose :meth:`~MatrixCase.engine_spec` applies the entry to an
   engine spec (dtype, TP, KV dtype, quantization, workload, and real weights where the tier allows).
 
@@ -52,7 +53,7 @@ MATRIX_OPTION = "gate_matrix"
 
 #: The arguments the mark fills, and what each takes from an entry.
 ARGUMENTS = ("model", "block_size", "kv_cache_dtype", "block_sizes", "kv_cache_dtypes", "dtype", "tp",
-             "quantization", "matrix_case")
+             "quantization", "request_rate", "matrix_case")
 _STASH = pytest.StashKey[Matrix]()
 
 
@@ -64,6 +65,8 @@ class MatrixCase:
     block_size: int
     kv_cache_dtype: str
     tier: str
+    request_rate: float | None = None
+    """One of the entry's ``[entries.load]`` request rates, for a test that takes ``request_rate``."""
 
     @property
     def real_weights(self) -> bool:
@@ -150,7 +153,7 @@ def _values(case: MatrixCase, argnames: list[str]) -> dict[str, Any]:
     every: dict[str, Any] = dict(
         model=entry.model.config, block_size=case.block_size, kv_cache_dtype=case.kv_cache_dtype,
         block_sizes=entry.block_size, kv_cache_dtypes=entry.kv_cache_dtype, dtype=entry.dtype, tp=entry.tp,
-        quantization=entry.quantization, matrix_case=case,
+        quantization=entry.quantization, request_rate=case.request_rate, matrix_case=case,
     )
     return {name: every[name] for name in argnames}
 
@@ -172,10 +175,17 @@ def matrix_params(matrix: Matrix, suite: str, argnames: list[str], id_format: st
         skip = skip or missing_trace(entry, root)
         if skip is not None:
             marks.append(pytest.mark.skip(reason=f"matrix entries[{entry.index}]: {skip}"))
-        for block_size, kv_dtype in itertools.product(block_sizes, kv_dtypes):
-            case = MatrixCase(entry, block_size, kv_dtype, tier)
+        rates: tuple[float | None, ...] = (None,)
+        if "request_rate" in argnames:
+            if entry.load is None:
+                raise pytest.UsageError(f"{nodeid} takes request_rate, but {matrix.source}: entries[{entry.index}] "
+                                        "has no [entries.load]")
+            rates = entry.load.request_rates
+        for block_size, kv_dtype, rate in itertools.product(block_sizes, kv_dtypes, rates):
+            case = MatrixCase(entry, block_size, kv_dtype, tier, rate)
             fields = dict(model=entry.model.name, block_size=block_size, kv_cache_dtype=kv_dtype, dtype=entry.dtype,
-                          tp=entry.tp, quantization=entry.quantization or "none")
+                          tp=entry.tp, quantization=entry.quantization or "none",
+                          request_rate="none" if rate is None else "inf" if rate == float("inf") else f"{rate:g}")
             try:
                 case_id = id_format.format(**fields)
             except (KeyError, IndexError, ValueError) as exc:

@@ -54,6 +54,8 @@ class ProcStat:
     ppid: int
     state: str
     start_ticks: int
+    pgrp: int = 0
+    """Its process group."""
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -62,7 +64,7 @@ def proc_stat(pid: int) -> ProcStat | None:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             text = f.read()
         fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
-        return ProcStat(pid, int(fields[1]), fields[0], int(fields[19]))
+        return ProcStat(pid, int(fields[1]), fields[0], int(fields[19]), int(fields[2]))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -136,3 +138,26 @@ def pin_mmap_threshold(nbytes: int = 1 << 20) -> bool:
         return pinned
     except (OSError, AttributeError):
         return False
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """The resident memory of *pid* and every descendant, summed (pages two of them share count twice, as in
+    ``ps``); 0 when *pid* is gone. A process that exits while it is read counts as 0."""
+    total = 0
+    for p in [pid, *children(pid)]:
+        try:
+            total += rss_bytes(p)
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes (not zombies) of process group *pgid*, from ``/proc``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = proc_stat(int(name))
+            if stat is not None and stat.pgrp == pgid and stat.state != "Z":
+                found.append(stat.pid)
+    return found

@@ -1,0 +1,163 @@
+"""The serving subprocess: ``python -m vramgate.engine.api_server SERVER.json``, vLLM's OpenAI-compatible server
+for one :class:`~vramgate.engine.spec.EngineSpec`.
+
+It is what ``vllm serve`` runs (``vllm.entrypoints.launchers.api_server.entry.main``: vLLM's own argument parser,
+its ``validate_parsed_serve_args`` and ``run_server``), with three things only this process can do first:
+
+- the engine arguments come from :func:`~vramgate.engine.arguments.llm_kwargs`, the one place that builds them for
+  every engine of the gate, turned into the server's command line (:func:`serve_argv`); on CPU the serving
+  configuration's ``cpu_memory_bytes`` becomes this NUMA node's fraction with vLLM's own reading of the node;
+- the model folder the server loads is written here (:func:`write_model_folder`): the fixture's ``config.json``
+  and a word-level tokenizer over its vocabulary (Note [serving tokenizer]);
+- the server ends with the gate (Note [server outlives no gate]).
+
+Note [serving tokenizer]: the fixture models have no tokenizer, and vLLM's benchmark client needs one for its
+``random`` and ``sharegpt`` datasets (with ``--skip-tokenizer-init`` only ``timed_trace`` runs). A
+``tokenizers`` WordLevel model with one word per token id (``w5`` is id 5; ``<unk>``, ``<s>``, ``</s>`` at the
+config's ids), split on whitespace, makes every random prompt of N ids a text of N words that the server encodes
+back into the same N ids. Server and client load the same folder (``--tokenizer``), so the token counts the
+client reports are the engine's.
+
+Note [server outlives no gate]: the gate stops a server with SIGINT, then its whole process group
+(:mod:`vramgate.runtime.process`). A gate that is killed outright (SIGKILL, an out-of-memory kill, a runner that
+gives up) cannot; so a thread here watches its parent, and when the parent is gone it kills this process group:
+the API server and vLLM's engine core with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from vramgate.engine.arguments import llm_kwargs
+from vramgate.engine.spec import EngineSpec, engine_tier, kv_budget_bytes
+
+#: Engine arguments the server command line does not take as they are (the server loads a tokenizer; a name
+#: for the model is given on its own).
+_NOT_FLAGS = frozenset({"model", "skip_tokenizer_init"})
+
+
+def serve_argv(kwargs: dict[str, Any], model_dir: Path, *, host: str, port: int, served_name: str,
+               options: Collection[str]) -> list[str]:
+    """The server's command line for engine keyword arguments *kwargs*, given the option strings of vLLM's
+    parser (*options*): each ``name=value`` as ``--name value``, True as ``--name``, False as ``--no-name`` where
+    the parser takes it and left out where the flag only switches on, lists as repeated values, dicts as JSON.
+    ValueError for an engine argument the server has no option for."""
+    argv = ["--model", str(model_dir), "--host", host, "--port", str(port), "--served-model-name", served_name,
+            "--tokenizer", str(model_dir)]
+    for name, value in sorted(kwargs.items()):
+        if name in _NOT_FLAGS or value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if flag not in options:
+            raise ValueError(f"engine argument {name}={value!r} has no option {flag} in vLLM's server")
+        if isinstance(value, bool):
+            negated = "--no-" + name.replace("_", "-")
+            if value:
+                argv.append(flag)
+            elif negated in options:
+                argv.append(negated)
+        elif isinstance(value, list | tuple):
+            argv += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def write_model_folder(config_path: Path, out: Path) -> Path:
+    """*out* with the fixture's ``config.json`` and a word-level tokenizer over its vocabulary (Note [serving
+    tokenizer]); returns *out*."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    vocab_size = int(config.get("text_config", config).get("vocab_size") or config["vocab_size"])
+    special = {0: "<unk>"}
+    for key, word in (("bos_token_id", "<s>"), ("eos_token_id", "</s>")):
+        ids = config.get(key)
+        for i in ids if isinstance(ids, list) else [ids]:
+            if isinstance(i, int) and 0 <= i < vocab_size:
+                special.setdefault(i, word)
+    vocab = {special.get(i, f"w{i}"): i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+    (out / "config.json").write_text(config_path.read_text(encoding="utf-8"), encoding="utf-8")
+    return out
+
+
+def _end_with_parent() -> None:
+    """Kill this process group when the process that started this one is gone (Note [server outlives no
+    gate])."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="vramgate-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``python -m vramgate.engine.api_server SERVER.json`` (``spec``, ``root``, ``config``,
+    ``model_dir``, ``host``, ``port``, ``served_name``)."""
+    if len(argv) != 1:
+        print("usage: python -m vramgate.engine.api_server SERVER.json", file=sys.stderr)
+        return 2
+    _end_with_parent()
+    data = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    spec = EngineSpec.from_json(data["spec"], argv[0])
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget] in vramgate.engine.worker
+    from vramgate.machine import isa
+
+    isa.apply_cap()  # Note [ISA cap]: before vLLM picks its kernel library
+    model_dir = write_model_folder(Path(data["config"]), Path(data["model_dir"]))
+    node = device = None
+    if engine_tier() == "cpu":
+        if kv_budget_bytes(spec) is None:
+            from vramgate.engine.memory_decision import cpu_node_memory_bytes
+
+            node = cpu_node_memory_bytes()
+    elif kv_budget_bytes(spec) is not None:
+        # Only a fixed KV budget needs the device's size (Note [GPU utilization]); reading it initializes CUDA
+        # here, and vLLM then starts its engine core with spawn instead of fork.
+        import torch
+
+        from vramgate.engine.measure import device_total_bytes
+
+        device = device_total_bytes(torch)
+    kwargs = llm_kwargs(spec, model_dir, device, node)
+    import uvloop
+    from vllm.entrypoints.launchers.api_server.entry import run_server
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+    server_argv = serve_argv(kwargs, model_dir, host=data["host"], port=int(data["port"]),
+                             served_name=data["served_name"], options=parser._option_string_actions)
+    print("vllm serve " + " ".join(server_argv), flush=True)
+    args = parser.parse_args(server_argv)
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    uvloop.run(run_server(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

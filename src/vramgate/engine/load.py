@@ -1,0 +1,402 @@
+"""Load on a running server with vLLM's own benchmark client, and what the gate reads from it.
+
+:class:`Load` is one ``vllm bench serve`` run (its dataset, request rate, burstiness, concurrency and SLOs);
+:func:`run_loads` runs a list of them, in one client process (:mod:`vramgate.engine.load_client`), against one
+:class:`~vramgate.engine.server.ApiServer`, while a thread samples the server's memory; :class:`LoadResult` holds
+the client's figures (its percentiles, throughput, goodput, failures, and per request: TTFT, TPOT, E2E, start),
+read from the result the client's ``main`` returned. :func:`run_paired_bursts` drives two servers (a reference
+and a candidate) with the same bursts in alternating order (Note [paired bursts]). :func:`memory_slope` turns
+the memory samples into bytes per 1,000 requests over the steady part of a load (Note [memory slope]).
+
+Note [memory slope]: a leak keeps memory per request (or per engine step) alive, so the server's resident
+memory grows with the requests it has served. The slope is fitted (least squares) to the resident memory of the
+server's whole process tree, sampled every :data:`SAMPLE_EVERY_S`, against the number of requests completed at
+each sample, over the steady part of the load: after the first :data:`STEADY_AFTER` of its requests (the
+allocator's first growth, the first batches' buffers), up to the last completion. It is reported per 1,000
+requests, so that it reads the same at any request rate.
+
+Note [paired bursts]: as with engines (Note [paired latency] in :mod:`vramgate.engine.paired`), the speed of
+a shared machine drifts by more than the regressions worth catching, so a profile is judged against the
+unpatched server up at the same time: both serve the same burst (same prompts, same rate, same seed), one after
+the other in a seeded random order, round after round; the ratio of the burst's median TPOT (and TTFT),
+candidate over reference, cancels what both saw.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from vramgate.engine.paired import look
+from vramgate.engine.runner import engine_env
+from vramgate.engine.server import ApiServer, ServerError
+from vramgate.runtime import process
+from vramgate.runtime.engine_env import engine_python
+
+#: Seconds between two samples of a server's memory during a load.
+SAMPLE_EVERY_S = 0.2
+#: The share of a load's requests before its steady part (Note [memory slope]).
+STEADY_AFTER = 0.25
+#: The per-request latencies a result keeps, and the client's names for them.
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+#: The percentiles the client reports (``--metric-percentiles``).
+PERCENTILES = (50, 90, 99)
+#: SLO names the client's ``--goodput`` takes (milliseconds).
+SLO_METRICS = ("ttft", "tpot", "e2el")
+
+
+@dataclass(frozen=True)
+class Load:
+    """One run of ``vllm bench serve``: which requests, at which rate, judged against which SLOs."""
+
+    num_prompts: int = 40
+    request_rate: float = math.inf
+    """Requests per second (Poisson arrivals at burstiness 1); ``inf``: all at once."""
+    burstiness: float = 1.0
+    """The client's gamma shape: 1 is Poisson, lower is burstier."""
+    max_concurrency: int | None = None
+    input_len: int = 64
+    output_len: int = 32
+    seed: int = 0
+    trace: str | None = None
+    """A ``timed_trace`` JSONL file (see :func:`write_timed_trace`): requests and arrival times from a trace
+    instead of the ``random`` dataset."""
+    goodput: dict[str, float] = field(default_factory=dict)
+    """SLOs in milliseconds by the client's names (``ttft``, ``tpot``, ``e2el``): goodput counts the requests
+    that meet all of them."""
+
+    def describe(self) -> str:
+        """One line: the load."""
+        rate = "all at once" if math.isinf(self.request_rate) else f"{self.request_rate:g} req/s"
+        what = f"trace {Path(self.trace).name}" if self.trace else f"{self.input_len}+{self.output_len} tokens"
+        extra = f", burstiness {self.burstiness:g}" if self.burstiness != 1.0 else ""
+        if self.max_concurrency:
+            extra += f", at most {self.max_concurrency} at once"
+        return f"{self.num_prompts} requests of {what}, {rate}{extra}"
+
+
+def client_argv(load: Load, server: ApiServer, *, label: str) -> list[str]:
+    """The ``vllm bench serve`` command line of *load* against *server* (its tokenizer, its model name)."""
+    argv = ["--backend", "openai", "--host", "127.0.0.1", "--port", str(server.port), "--endpoint", "/v1/completions",
+            "--model", server.served_name, "--tokenizer", str(server.model_dir), "--num-prompts", str(load.num_prompts),
+            "--request-rate", str(load.request_rate), "--burstiness", str(load.burstiness), "--seed", str(load.seed),
+            "--percentile-metrics", ",".join(LATENCIES), "--metric-percentiles", ",".join(map(str, PERCENTILES)),
+            "--ignore-eos", "--disable-tqdm", "--save-detailed", "--label", label, "--temperature", "0"]
+    if load.trace:
+        argv += ["--dataset-name", "timed_trace", "--dataset-path", load.trace]
+    else:
+        argv += ["--dataset-name", "random", "--random-input-len", str(load.input_len), "--random-output-len",
+                 str(load.output_len), "--random-range-ratio", "0"]
+    if load.max_concurrency:
+        argv += ["--max-concurrency", str(load.max_concurrency)]
+    if load.goodput:
+        argv += ["--goodput", *(f"{k}:{v:g}" for k, v in sorted(load.goodput.items()))]
+    return argv
+
+
+def write_timed_trace(requests: Sequence[tuple[float, int, int]], path: Path, chunk: int = 16) -> Path:
+    """A ``timed_trace`` file of the client for *requests* (arrival in seconds, input tokens, output tokens), with
+    prompts that share no prefix (each its own hash ids)."""
+    lines = []
+    next_hash = 0
+    for arrival, input_len, output_len in requests:
+        n = max(1, -(-int(input_len) // chunk))
+        lines.append(json.dumps({"timestamp": float(arrival), "input_length": int(input_len),
+                                 "output_length": int(output_len), "hash_ids": list(range(next_hash, next_hash + n))}))
+        next_hash += n
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@dataclass
+class LoadResult:
+    """What the client measured in one load (times in seconds)."""
+
+    load: Load
+    completed: int
+    failed: int
+    duration_s: float
+    request_throughput: float
+    output_throughput: float
+    goodput: float | None
+    """The share of requests that met every SLO of the load (None without SLOs)."""
+    percentiles: dict[str, dict[int, float]]
+    """The client's percentiles by latency (``ttft``, ``tpot``, ``itl``, ``e2el``) and percentile, in s."""
+    ttft_s: list[float]
+    tpot_s: list[float]
+    e2el_s: list[float]
+    start_s: list[float]
+    """Each successful request's start, on the monotonic clock the gate's memory samples use."""
+    errors: list[str]
+    t_start: float
+    t_end: float
+
+    @property
+    def completions_s(self) -> list[float]:
+        """When each successful request ended (monotonic clock), in order."""
+        return sorted(s + e for s, e in zip(self.start_s, self.e2el_s, strict=True))
+
+    def median(self, latency: str) -> float:
+        """The client's median *latency* (``ttft``, ``tpot``, ``itl``, ``e2el``) in s."""
+        return self.percentiles[latency][50]
+
+    @classmethod
+    def from_client(cls, load: Load, data: dict[str, Any], where: str) -> LoadResult:
+        """The result the client's ``main`` returned (*where*: its file); :class:`ServerError` when it is an error
+        or not such a result."""
+        if "error" in data:
+            raise ServerError(f"{where}: vLLM's benchmark client failed: {data['error']}")
+        try:
+            pct = {lat: {p: float(data[f"p{p}_{lat}_ms"]) / 1e3 for p in PERCENTILES} for lat in LATENCIES}
+            errors = [str(e) for e in data.get("errors", []) if e]
+            ok = [i for i, e in enumerate(data["errors"]) if not e] if "errors" in data else []
+            ttfts = [float(data["ttfts"][i]) for i in ok]
+            e2el = [float(data["latencies"][i]) for i in ok]
+            starts = [float(data["start_times"][i]) for i in ok]
+            outs = [int(data["output_lens"][i]) for i in ok]
+            tpot = [(e - t) / (n - 1) for t, e, n in zip(ttfts, e2el, outs, strict=True) if n > 1]
+            throughput = float(data["request_throughput"])
+            goodput = data.get("request_goodput")
+            return cls(
+                load=load, completed=int(data["completed"]), failed=int(data["failed"]),
+                duration_s=float(data["duration"]), request_throughput=throughput,
+                output_throughput=float(data["output_throughput"]),
+                goodput=None if goodput is None or not throughput else min(1.0, float(goodput) / throughput),
+                percentiles=pct, ttft_s=ttfts, tpot_s=tpot, e2el_s=e2el, start_s=starts, errors=errors,
+                t_start=float(data["vramgate_t_start"]), t_end=float(data["vramgate_t_end"]),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ServerError(f"{where}: not a result of vLLM's benchmark client ({exc!r})") from None
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """The server's resident memory (its whole process tree) at a moment of the monotonic clock."""
+
+    t: float
+    rss_bytes: int
+
+
+@dataclass(frozen=True)
+class Slope:
+    """A fitted memory slope (Note [memory slope])."""
+
+    bytes_per_1k_requests: float
+    samples: int
+    requests: int
+    """Requests completed over the steady part."""
+    start_bytes: int
+    end_bytes: int
+
+
+def memory_slope(samples: Sequence[MemorySample], completions_s: Sequence[float],
+                 steady_after: float = STEADY_AFTER) -> Slope:
+    """The least-squares slope of resident memory against requests completed, per 1,000 requests, over the
+    steady part of a load (Note [memory slope]); ValueError when that part is too short to fit."""
+    done = sorted(completions_s)
+    if len(done) < 8:
+        raise ValueError(f"a memory slope needs at least 8 completed requests, got {len(done)}")
+    first = done[int(len(done) * steady_after)]
+    steady = [s for s in samples if first <= s.t <= done[-1]]
+    if len(steady) < 5:
+        raise ValueError(f"a memory slope needs at least 5 memory samples in the steady part of the load, got "
+                         f"{len(steady)} (sampled every {SAMPLE_EVERY_S:g} s): the load is too short")
+    import bisect
+
+    xs = [float(bisect.bisect_right(done, s.t)) for s in steady]
+    ys = [float(s.rss_bytes) for s in steady]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("no request completed during the steady part of the load: no slope to fit")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return Slope(slope * 1000.0, len(steady), int(xs[-1] - xs[0]), steady[0].rss_bytes, steady[-1].rss_bytes)
+
+
+class _Sampler:
+    """A thread sampling servers' memory every :data:`SAMPLE_EVERY_S` until stopped."""
+
+    def __init__(self, servers: Sequence[ApiServer]) -> None:
+        self.servers = list(servers)
+        self.samples: list[list[MemorySample]] = [[] for _ in self.servers]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vramgate-server-memory", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for i, server in enumerate(self.servers):
+                rss = server.rss_bytes()
+                if rss:
+                    self.samples[i].append(MemorySample(time.perf_counter(), rss))
+            self._stop.wait(SAMPLE_EVERY_S)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class LoadRun:
+    """The results of a plan's loads, by server, and each server's memory samples over the whole plan."""
+
+    results: list[list[LoadResult]]
+    memory: list[list[MemorySample]]
+
+
+#: Seconds the client gets per request of a plan, on top of a fixed allowance (its import, its warm-up).
+CLIENT_S_PER_REQUEST = 5.0
+CLIENT_BASE_S = 300.0
+
+
+def _run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], run_dir: Path) -> LoadRun:
+    """Run *items* (server index, load, label) in one client process, sampling every server's memory."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob("load-*.json"):
+        stale.unlink()
+    paths = [run_dir / f"load-{n:03d}.json" for n in range(len(items))]
+    plan = [{"argv": client_argv(load, servers[i], label=label), "result": str(path)}
+            for (i, load, label), path in zip(items, paths, strict=True)]
+    plan_path = run_dir / "plan.json"
+    plan_path.write_text(json.dumps({"loads": plan}, indent=1), encoding="utf-8")
+    log_path = run_dir / "client.log"
+    env = engine_env(servers[0].spec, run_dir)
+    cmd = [servers[0].spec.python or engine_python(), "-m", "vramgate.engine.load_client",
+           str(plan_path)]
+    timeout = CLIENT_BASE_S + CLIENT_S_PER_REQUEST * sum(load.num_prompts for _, load, _ in items)
+    proc = process.launch(cmd, log_path, env=env, cwd=run_dir)
+    t0 = time.monotonic()
+    with _Sampler(servers) as sampler:
+        try:
+            while proc.poll() is None:
+                for server in servers:
+                    server.check_alive(f"the load (client log: {log_path})")
+                if time.monotonic() - t0 > timeout:
+                    raise ServerError(f"vLLM's benchmark client ran past {timeout:g} s against "
+                                      f"{', '.join(s.describe() for s in servers)}", process.tail(log_path), run_dir)
+                time.sleep(0.2)
+        finally:
+            process.kill_group(proc, grace_s=1.0)
+    if proc.returncode != 0:
+        for server in servers:
+            server.check_alive(f"the load (client log: {log_path})")
+        raise ServerError(f"vLLM's benchmark client {process.describe_exit(proc.returncode or 0)}",
+                          process.tail(log_path), run_dir)
+    results: list[list[LoadResult]] = [[] for _ in servers]
+    for (i, load, _), path in zip(items, paths, strict=True):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ServerError(f"vLLM's benchmark client left no readable result {path.name} ({exc})",
+                              process.tail(log_path), run_dir) from None
+        result = LoadResult.from_client(load, data, str(path))
+        if result.failed or result.errors:
+            first = result.errors[0] if result.errors else "(no error text)"
+            raise ServerError(f"{result.failed} of {load.num_prompts} requests failed on {servers[i].describe()} "
+                              f"({load.describe()}); first error: {first}", servers[i].tail(), servers[i].run_dir)
+        results[i].append(result)
+    return LoadRun(results, sampler.samples)
+
+
+def run_loads(server: ApiServer, loads: Sequence[Load], run_dir: Path) -> LoadRun:
+    """Run *loads* one after the other against *server*, in one client process; any failed request fails it
+    (:class:`ServerError` with the server's log tail), as does the server exiting during the load."""
+    return _run_plan([(0, load, f"load-{n}") for n, load in enumerate(loads)], [server], run_dir)
+
+
+@dataclass
+class PairedBursts:
+    """The reference's and the candidate's results of each round (Note [paired bursts])."""
+
+    reference: list[LoadResult]
+    candidate: list[LoadResult]
+    order: list[str]
+    """``"ab"`` (reference first) or ``"ba"`` per round."""
+
+    def medians(self, latency: str) -> tuple[list[float], list[float]]:
+        """Each round's median *latency* of the reference and of the candidate."""
+        return [r.median(latency) for r in self.reference], [r.median(latency) for r in self.candidate]
+
+
+def run_paired_bursts(reference: ApiServer, candidate: ApiServer, burst: Load, rounds: int, run_dir: Path, *,
+                      seed: int = 0, warmup: int = 1) -> PairedBursts:
+    """*rounds* rounds of *burst* on both servers (Note [paired bursts]): each round's burst has its own seed
+    (the same on both sides) and a seeded random order; *warmup* rounds run first and are left out."""
+    rng = random.Random(seed)
+    items: list[tuple[int, Load, str]] = []
+    order = []
+    for n in range(warmup + rounds):
+        load = replace(burst, seed=burst.seed + n)
+        first = rng.choice("ab")
+        if n >= warmup:
+            order.append("ab" if first == "a" else "ba")
+        sides = (0, 1) if first == "a" else (1, 0)
+        items += [(side, load, f"round-{n}-{'ab'[side]}") for side in sides]
+    run = _run_plan(items, [reference, candidate], run_dir)
+    return PairedBursts(run.results[0][warmup:], run.results[1][warmup:], order)
+
+
+
+@dataclass(frozen=True)
+class PairedLoadSettings:
+    """How the paired A/B under load runs and judges, per tier (docs/serving.md, "Online serving")."""
+
+    rounds: int
+    """Rounds of a look (each a burst on both servers)."""
+    tolerance: dict[str, float]
+    """By latency (``tpot``, ``ttft``): the candidate's per-burst median worse than the reference's by more than
+    this, with a U test clear at :attr:`alpha`, fails."""
+    alpha: float
+    history_tolerance: dict[str, float]
+    """By latency: the per-burst ratios moving by more than this against the stored baseline fail."""
+
+    def judge(self, run: Callable[[int, int], PairedBursts]
+              ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
+        """Run a look (``run(rounds, seed)``), and a second one when the first finds a latency worse (Note
+        [second look] in :mod:`vramgate.engine.paired`: the verdict is then the pooled rounds'); the lines saying
+        what each look found, and the reference's and candidate's per-burst medians by latency."""
+        ref: dict[str, list[float]] = {k: [] for k in self.tolerance}
+        cand: dict[str, list[float]] = {k: [] for k in self.tolerance}
+        lines: list[str] = []
+        for n, name in enumerate(("first look", "second look")):
+            bursts = run(self.rounds, n)
+            worse = False
+            for latency in self.tolerance:
+                r, c = bursts.medians(latency)
+                ref[latency] += r
+                cand[latency] += c
+                line, bad = look(f"{name}, {latency}", r, c, tolerance=self.tolerance[latency], alpha=self.alpha)
+                lines.append(line)
+                worse = worse or bad
+            if not worse:
+                return lines, ref, cand
+        for latency in self.tolerance:
+            lines.append(look(f"pooled (the verdict), {latency}", ref[latency], cand[latency],
+                              tolerance=self.tolerance[latency], alpha=self.alpha)[0])
+        return lines, ref, cand
+
+
+#: Not calibrated yet: provisional settings.
+PAIRED_LOAD_SETTINGS = {
+    "cpu": PairedLoadSettings(rounds=20, tolerance={"tpot": 0.10, "ttft": 0.5}, alpha=0.05,
+                              history_tolerance={"tpot": 0.15, "ttft": 0.75}),
+    "gpu": PairedLoadSettings(rounds=20, tolerance={"tpot": 0.05, "ttft": 0.10}, alpha=0.01,
+                              history_tolerance={"tpot": 0.05, "ttft": 0.10}),
+}
+
+
+def paired_settings(tier: str) -> PairedLoadSettings:
+    """The paired A/B under load's settings on the ``cpu`` or ``gpu`` engine tier."""
+    if tier not in PAIRED_LOAD_SETTINGS:
+        raise ValueError(f"unknown engine tier {tier!r}; known: {', '.join(PAIRED_LOAD_SETTINGS)}")
+    return PAIRED_LOAD_SETTINGS[tier]

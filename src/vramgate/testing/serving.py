@@ -1,0 +1,117 @@
+"""vLLM's OpenAI-compatible servers for the serving suite: one per engine configuration and session, reused by
+every load that differs only in traffic, replaced when one dies.
+
+:class:`Servers` (the ``servers`` fixture) starts a :class:`~vramgate.engine.server.ApiServer` the first time a
+test asks for a spec (its profile applied, ``--gate-profile`` as for engine runs) and hands the same one to every
+later test of the session (of the pytest-xdist worker) that asks for it. A server that failed to start fails
+every test that asks for it with the same error, without starting again; a server that dies while a test uses
+it fails that test and is dropped, so the next test gets a fresh one. All are stopped when the session ends, and
+a session that is killed outright leaves none (Note [server outlives no gate] in
+:mod:`vramgate.engine.api_server`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from vramgate.engine import EngineSpec, UnsupportedHere
+from vramgate.engine.load import Load, LoadRun, PairedBursts, run_loads, run_paired_bursts
+from vramgate.engine.server import ApiServer, ServerError
+from vramgate.matrix import ServingLoad
+
+
+class Servers:
+    """The session's servers, by engine spec (see the module's docstring)."""
+
+    def __init__(self, root: Path, base_dir: Path, *, cache_root: Path | None = None,
+                 profile: str | None = None) -> None:
+        self.root, self.base_dir, self.cache_root, self.profile = root, base_dir, cache_root, profile
+        self._up: dict[str, ApiServer] = {}
+        self._failed: dict[str, ServerError] = {}
+        self._started = 0
+
+    def get(self, spec: EngineSpec) -> ApiServer:
+        """The session's server for *spec*, started now if it is not up; fails the test (with the reason and
+        the server's log tail) when it cannot start, skips it when this machine's kernels cannot run *spec*."""
+        if self.profile and spec.profile is None:
+            spec = spec.replace(profile=self.profile)
+        key = spec.key()
+        if key in self._failed:
+            pytest.fail(f"(the same server failed to start earlier in this session)\n{self._failed[key]}",
+                        pytrace=False)
+        server = self._up.get(key)
+        if server is not None and server.proc is not None and server.proc.poll() is None:
+            return server
+        self._started += 1
+        try:
+            server = ApiServer(spec, self.root, self.base_dir / f"{spec.model}-{key}-{self._started}",
+                               cache_root=self.cache_root)
+            server.start()
+        except UnsupportedHere as exc:
+            pytest.skip(f"not on this machine: {exc}")
+        except ServerError as exc:
+            self._failed[key] = exc
+            pytest.fail(str(exc), pytrace=False)
+        self._up[key] = server
+        return server
+
+    def _drop_dead(self) -> None:
+        for key, server in list(self._up.items()):
+            if server.proc is None or server.proc.poll() is not None:
+                server.stop()
+                del self._up[key]
+
+    def loads(self, server: ApiServer, loads: Sequence[Load], run_dir: Path) -> LoadRun:
+        """:func:`~vramgate.engine.load.run_loads` on *server*; a failure fails the test with the reason and the
+        log tails (a server that died is replaced for the next test)."""
+        try:
+            return run_loads(server, loads, run_dir)
+        except ServerError as exc:
+            self._drop_dead()
+            pytest.fail(str(exc), pytrace=False)
+
+    def paired(self, reference: ApiServer, candidate: ApiServer, burst: Load, rounds: int, run_dir: Path, *,
+               seed: int = 0) -> PairedBursts:
+        """:func:`~vramgate.engine.load.run_paired_bursts` on two servers; failures as :meth:`loads`."""
+        try:
+            return run_paired_bursts(reference, candidate, burst, rounds, run_dir, seed=seed)
+        except ServerError as exc:
+            self._drop_dead()
+            pytest.fail(str(exc), pytrace=False)
+
+    def close(self) -> None:
+        """Stop every server of the session."""
+        for server in self._up.values():
+            server.stop()
+        self._up.clear()
+
+
+def rate_load(load: ServingLoad, request_rate: float) -> Load:
+    """The client's load for one of the entry's request rates."""
+    return Load(num_prompts=load.num_prompts, request_rate=request_rate, burstiness=load.burstiness,
+                max_concurrency=load.max_concurrency, input_len=load.input_len, output_len=load.output_len,
+                goodput={name: seconds * 1e3 for name, seconds in load.slo})
+
+
+def sustained_loads(load: ServingLoad) -> tuple[Load, Load]:
+    """The warm-up and the sustained load whose memory slope is gated: at the entry's sustained concurrency, all
+    requests queued at once, so that the server runs the same batch shapes from the first request to the last
+    (an open-loop rate past the server's capacity would grow its queue, and its memory with it)."""
+    base = Load(num_prompts=load.sustained_requests, request_rate=math.inf,
+                max_concurrency=load.sustained_concurrency, input_len=load.input_len, output_len=load.output_len,
+                seed=1)
+    warmup = Load(num_prompts=max(5 * load.sustained_concurrency, 8), request_rate=math.inf,
+                  max_concurrency=load.sustained_concurrency, input_len=load.input_len, output_len=load.output_len,
+                  seed=2)
+    return warmup, base
+
+
+def paired_burst(load: ServingLoad) -> Load:
+    """The burst each server of a paired A/B serves per round (Note [paired bursts] in
+    :mod:`vramgate.engine.load`)."""
+    return Load(num_prompts=load.paired_requests, request_rate=math.inf, max_concurrency=load.paired_concurrency,
+                input_len=load.input_len, output_len=load.output_len, seed=100)

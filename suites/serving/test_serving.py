@@ -1,0 +1,126 @@
+"""Online serving: vLLM's OpenAI-compatible server under the team's load, measured by vLLM's own benchmark client.
+
+Each matrix entry of the suite is a serving configuration (``[entries.serving]``) and a load (``[entries.load]``:
+request rates, prompts, SLOs). The server is started as ``vllm serve`` starts it, on 127.0.0.1 and a free port,
+once per configuration and session (:mod:`vramgate.testing.serving`); vLLM's ``vllm bench serve`` client drives
+it over HTTP (:mod:`vramgate.engine.load`), so the figures are the ones a team's own benchmark prints:
+
+- ``test_serving_load``, a case per request rate: TTFT, TPOT and E2E latency per request (their medians compared
+  with the stored baseline at the tier's unpaired tolerance), the client's p90/p99 of TTFT, TPOT, ITL and E2E,
+  request and output throughput, goodput at the entry's SLOs. Any failed request fails the test with the server's
+  log tail. The tails and the goodput are held to the entry's budgets only (Note [budget-only figures] in
+  :mod:`vramgate.core.metrics`): the p99 of one load on shared cores moves by multiples between unchanged runs.
+- ``test_serving_memory``: the server's resident memory (the whole process tree) sampled during a sustained load
+  at a fixed concurrency, and its slope in bytes per 1,000 requests (Note [memory slope] in
+  :mod:`vramgate.engine.load`), held to :data:`MEMORY_SLOPE_CEILING` (or the entry's budget).
+- ``test_serving_paired``, a case per profile that names the suite: the profile's server and the unpatched one up
+  together, the same bursts in alternating order (Note [paired bursts]), the per-burst ratios of median TPOT and
+  TTFT judged in-run, with a second look before a failure (as the paired engine tests do).
+
+Calibration on the 2-core CPU: docs/serving.md, "Online serving".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vramgate import Gate
+from vramgate.engine import EngineSpec, cpu_backend_problem, engine_tier, kernel_problem
+from vramgate.engine.load import LATENCIES, memory_slope, paired_settings
+from vramgate.matrix import ServingLoad
+from vramgate.profiles import Profile
+from vramgate.testing import (
+    MatrixCase,
+    ModelLoader,
+    Servers,
+    paired_burst,
+    rate_load,
+    skip_unmet,
+    sustained_loads,
+    unpaired_latency_tolerance,
+)
+
+#: The engine spec the matrix's serving configuration is applied to (the model, block size and dtype are the
+#: entry's; no KV budget: vLLM sizes the KV cache at the team's memory).
+BASE = EngineSpec(model="tiny-llama", kv_budget_gib=None)
+#: A server whose resident memory grows faster than this per 1,000 requests of the sustained load fails (unless the
+#: entry's budget says otherwise). Measured on 2 cores (docs/serving.md): unchanged servers 29-92 MiB per 1,000
+#: requests; a planted leak of 256 KiB per engine step 1.7 GiB.
+MEMORY_SLOPE_CEILING = 384 << 20
+
+
+@pytest.mark.gate_matrix("serving", id="{model}-{request_rate}rps")
+def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: float, matrix_case: MatrixCase,
+                      tmp_path: Path) -> None:
+    """The client's figures at one request rate of the entry's load."""
+    assert matrix_case.entry.load is not None
+    server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
+    load = rate_load(matrix_case.entry.load, request_rate)
+    result = servers.loads(server, [load], tmp_path / "load").results[0][0]
+    assert result.completed == load.num_prompts and result.failed == 0, result
+    tolerance = unpaired_latency_tolerance()
+    gate.record_samples("ttft", result.ttft_s, unit="s", tolerance=unpaired_latency_tolerance(first_token=True))
+    gate.record_samples("tpot", result.tpot_s, unit="s", tolerance=tolerance)
+    gate.record_samples("e2el", result.e2el_s, unit="s", tolerance=tolerance)
+    for latency in LATENCIES:
+        for p in (50, 90, 99):
+            if latency != "itl" and p == 50:
+                continue  # the medians above, with their samples
+            gate.record(f"{latency}_p{p}", result.percentiles[latency][p], unit="s", scope="machine",
+                        history=False)
+    gate.record("request_throughput", result.request_throughput, unit="requests/s", better="higher",
+                scope="machine", history=False)
+    gate.record("output_throughput", result.output_throughput, unit="tokens/s", better="higher", scope="machine",
+                history=False)
+    if result.goodput is not None:
+        gate.record("goodput", result.goodput, unit="ratio", better="higher", scope="machine", history=False)
+
+
+@pytest.mark.gate_matrix("serving", id="{model}")
+def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path) -> None:
+    """The server's memory over a sustained load: its slope per 1,000 requests, and its resident size."""
+    assert matrix_case.entry.load is not None
+    server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
+    warmup, sustained = sustained_loads(matrix_case.entry.load)
+    run = servers.loads(server, [warmup, sustained], tmp_path / "load")
+    last = run.results[0][-1]
+    assert last.completed == sustained.num_prompts, last
+    slope = memory_slope(run.memory[0], last.completions_s)
+    gate.record("memory_slope", round(slope.bytes_per_1k_requests), unit="B", ceiling=MEMORY_SLOPE_CEILING,
+                scope="machine", history=False)
+    gate.record("server_rss_bytes", slope.end_bytes, unit="B", tolerance=0.10, scope="machine")
+
+
+#: The serving configuration and load of the paired test (a matrix entry's defaults: tiny-llama, 2 GiB on CPU, 90%
+#: of the GPU, eager, 64 + 32 tokens per request).
+PAIRED_SPEC = EngineSpec(model="tiny-llama", block_size=32, max_model_len=1024, max_num_seqs=32, kv_budget_gib=None,
+                         cpu_memory_bytes=2 << 30, gpu_memory_utilization=0.9)
+
+
+@pytest.mark.gate_profiles("serving")
+def test_serving_paired(gate: Gate, servers: Servers, model_shape: ModelLoader, profile: Profile, tmp_path: Path,
+                        request: pytest.FixtureRequest) -> None:
+    """Median TPOT and TTFT per burst of the profile's server over the unpatched one's, both up at once."""
+    skip_unmet(profile)
+    tier = engine_tier()
+    reference = PAIRED_SPEC
+    candidate = reference.replace(profile=profile.name)
+    if tier == "cpu":
+        dtype = str(profile.engine_args.get("kv_cache_dtype", reference.kv_cache_dtype))
+        problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), model_shape(reference.model).use_mla)
+        if problem:
+            pytest.skip(f"profile {profile.name} on this tier: {problem}")
+    problem = kernel_problem(candidate.replace(engine_args={**profile.engine_args, **candidate.engine_args}))
+    if problem:
+        pytest.skip(f"not on this machine: profile {profile.name}: {problem}")
+    settings = paired_settings(tier)
+    load = ServingLoad(request_rates=(float("inf"),), paired_rounds=settings.rounds)
+    a, b = servers.get(reference), servers.get(candidate)
+    looks, ref, cand = settings.judge(lambda rounds, seed: servers.paired(a, b, paired_burst(load), rounds,
+                                                                          tmp_path / f"look-{seed}", seed=seed))
+    request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
+    for latency in ("tpot", "ttft"):
+        gate.record_paired(f"{latency}_ratio", ref[latency], cand[latency], tolerance=settings.tolerance[latency],
+                           alpha=settings.alpha, history_tolerance=settings.history_tolerance[latency])
