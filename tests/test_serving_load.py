@@ -6,6 +6,7 @@ The real server and client run in ``tests/test_serving_online.py`` (cpu-full).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -20,16 +21,8 @@ import pytest
 
 from vramgate.engine import EngineSpec
 from vramgate.engine.api_server import serve_argv
-from vramgate.engine.load import (
-    Load,
-    LoadResult,
-    MemorySample,
-    PairedBursts,
-    PairedLoadSettings,
-    client_argv,
-    memory_slope,
-    write_timed_trace,
-)
+from vramgate.engine.load import Load, LoadResult, MemorySample, client_argv, memory_slope, write_timed_trace
+from vramgate.engine.paired_load import PairedBursts, PairedLoadSettings
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.machine.probes.cpu import group_members
 from vramgate.matrix import MatrixError, parse_matrix
@@ -55,7 +48,7 @@ def test_the_server_command_line_spells_each_engine_argument_as_vllm_parses_it(t
     assert rest[rest.index("--block-size") + 1] == "32"
     assert json.loads(rest[rest.index("--compilation-config") + 1]) == {"cudagraph_mode": "FULL"}
     assert "--skip-tokenizer-init" not in rest  # the server loads the tokenizer the client uses
-    with pytest.raises(ValueError, match="kv_cache_memory_bytes=.*no option --kv-cache-memory-bytes"):
+    with pytest.raises(ValueError, match=r"kv_cache_memory_bytes=.*no option --kv-cache-memory-bytes"):
         serve_argv({"kv_cache_memory_bytes": 1}, tmp_path, host="h", port=1, served_name="m", options=OPTIONS)
 
 
@@ -68,7 +61,7 @@ class _FakeServer:
 def test_the_client_command_line_is_vllm_bench_serve() -> None:
     load = Load(num_prompts=40, request_rate=4.0, max_concurrency=8, goodput={"ttft": 250.0, "tpot": 50.0})
     argv = client_argv(load, _FakeServer(), label="x")  # type: ignore[arg-type]
-    pairs = dict(zip(argv[::1], argv[1::1], strict=False))
+    pairs = dict(itertools.pairwise(argv))
     assert pairs["--port"] == "8123" and pairs["--model"] == "tiny-llama" and pairs["--tokenizer"] == "/m"
     assert pairs["--request-rate"] == "4.0" and pairs["--num-prompts"] == "40" and pairs["--max-concurrency"] == "8"
     assert pairs["--dataset-name"] == "random" and pairs["--random-input-len"] == "64"
@@ -109,7 +102,7 @@ def test_the_clients_result_is_read_into_seconds_and_per_request_figures() -> No
     assert r.completions_s == pytest.approx([100.5, 101.51, 102.52, 103.53])
     partial = LoadResult.from_client(Load(num_prompts=4), _client_result(failed=1), "x")
     assert partial.failed == 1 and partial.errors == ["boom"] and len(partial.ttft_s) == 3
-    with pytest.raises(ServerError, match="load-001.json: vLLM's benchmark client failed: ValueError: no"):
+    with pytest.raises(ServerError, match=r"load-001\.json: vLLM's benchmark client failed: ValueError: no"):
         LoadResult.from_client(Load(), {"error": "ValueError: no"}, "load-001.json")
     with pytest.raises(ServerError, match="not a result of vLLM's benchmark client"):
         LoadResult.from_client(Load(), {"completed": 1}, "x")
@@ -152,7 +145,7 @@ def test_the_paired_check_under_load_looks_twice_before_it_fails() -> None:
         calls.append(seed)
         return _bursts(base, base)
 
-    lines, ref, cand = settings.judge(same)
+    lines, ref, _ = settings.judge(same)
     assert calls == [0] and len(ref["tpot"]) == 8 and all("not worse" in line for line in lines)
     calls.clear()
 
@@ -160,7 +153,7 @@ def test_the_paired_check_under_load_looks_twice_before_it_fails() -> None:
         calls.append(seed)
         return _bursts(base, [v * 1.2 for v in base])
 
-    lines, ref, cand = settings.judge(slower)
+    lines, ref, _ = settings.judge(slower)
     assert calls == [0, 1] and len(ref["tpot"]) == 16
     assert lines[-2].startswith("pooled (the verdict), tpot") and "worse" in lines[-2]
 
@@ -191,7 +184,7 @@ def test_a_load_entry_reads_every_field() -> None:
     assert load.max_concurrency == 4 and dict(load.slo) == {"ttft": 0.25, "tpot": 0.05}
     assert load.sustained_requests == 100 and load.paired_rounds == 10
     budgets = {b.metric: b for b in m.entries[0].budgets}
-    assert budgets["memory_slope"].value == 1 << 20 and budgets["memory_slope"].unit == "B"
+    assert budgets["memory_slope"].value == 1 << 20 and budgets["memory_slope"].unit == "B/1k requests"
     assert budgets["ttft_p99"].value == pytest.approx(0.25) and budgets["goodput"].op == ">="
 
 

@@ -129,6 +129,8 @@ UNITS: dict[str, Unit] = {
         Unit("B/s", "bandwidth in bytes per second", lambda v: _fmt_bytes(v) + "/s"),
         Unit("tokens/GiB", "KV capacity: tokens per GiB of KV budget", _fmt_plain("tokens/GiB")),
         Unit("B/token", "bytes per token", lambda v: _fmt_bytes(v) + "/token"),
+        Unit("B/1k requests", "memory growth: bytes per 1,000 requests served",
+             lambda v: _fmt_bytes(v) + " per 1k requests"),
     )
 }
 

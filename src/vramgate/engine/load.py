@@ -4,8 +4,7 @@
 :func:`run_loads` runs a list of them, in one client process (:mod:`vramgate.engine.load_client`), against one
 :class:`~vramgate.engine.server.ApiServer`, while a thread samples the server's memory; :class:`LoadResult` holds
 the client's figures (its percentiles, throughput, goodput, failures, and per request: TTFT, TPOT, E2E, start),
-read from the result the client's ``main`` returned. :func:`run_paired_bursts` drives two servers (a reference
-and a candidate) with the same bursts in alternating order (Note [paired bursts]). :func:`memory_slope` turns
+read from the result the client's ``main`` returned. :func:`memory_slope` turns
 the memory samples into bytes per 1,000 requests over the steady part of a load (Note [memory slope]).
 
 Note [memory slope]: a leak keeps memory per request (or per engine step) alive, so the server's resident
@@ -14,27 +13,19 @@ server's whole process tree, sampled every :data:`SAMPLE_EVERY_S`, against the n
 each sample, over the steady part of the load: after the first :data:`STEADY_AFTER` of its requests (the
 allocator's first growth, the first batches' buffers), up to the last completion. It is reported per 1,000
 requests, so that it reads the same at any request rate.
-
-Note [paired bursts]: as with engines (Note [paired latency] in :mod:`vramgate.engine.paired`), the speed of
-a shared machine drifts by more than the regressions worth catching, so a profile is judged against the
-unpatched server up at the same time: both serve the same burst (same prompts, same rate, same seed), one after
-the other in a seeded random order, round after round; the ratio of the burst's median TPOT (and TTFT),
-candidate over reference, cancels what both saw.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramgate.engine.paired import look
 from vramgate.engine.runner import engine_env
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.runtime import process
@@ -259,7 +250,7 @@ CLIENT_S_PER_REQUEST = 5.0
 CLIENT_BASE_S = 300.0
 
 
-def _run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], run_dir: Path) -> LoadRun:
+def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], run_dir: Path) -> LoadRun:
     """Run *items* (server index, load, label) in one client process, sampling every server's memory."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob("load-*.json"):
@@ -311,92 +302,4 @@ def _run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], 
 def run_loads(server: ApiServer, loads: Sequence[Load], run_dir: Path) -> LoadRun:
     """Run *loads* one after the other against *server*, in one client process; any failed request fails it
     (:class:`ServerError` with the server's log tail), as does the server exiting during the load."""
-    return _run_plan([(0, load, f"load-{n}") for n, load in enumerate(loads)], [server], run_dir)
-
-
-@dataclass
-class PairedBursts:
-    """The reference's and the candidate's results of each round (Note [paired bursts])."""
-
-    reference: list[LoadResult]
-    candidate: list[LoadResult]
-    order: list[str]
-    """``"ab"`` (reference first) or ``"ba"`` per round."""
-
-    def medians(self, latency: str) -> tuple[list[float], list[float]]:
-        """Each round's median *latency* of the reference and of the candidate."""
-        return [r.median(latency) for r in self.reference], [r.median(latency) for r in self.candidate]
-
-
-def run_paired_bursts(reference: ApiServer, candidate: ApiServer, burst: Load, rounds: int, run_dir: Path, *,
-                      seed: int = 0, warmup: int = 1) -> PairedBursts:
-    """*rounds* rounds of *burst* on both servers (Note [paired bursts]): each round's burst has its own seed
-    (the same on both sides) and a seeded random order; *warmup* rounds run first and are left out."""
-    rng = random.Random(seed)
-    items: list[tuple[int, Load, str]] = []
-    order = []
-    for n in range(warmup + rounds):
-        load = replace(burst, seed=burst.seed + n)
-        first = rng.choice("ab")
-        if n >= warmup:
-            order.append("ab" if first == "a" else "ba")
-        sides = (0, 1) if first == "a" else (1, 0)
-        items += [(side, load, f"round-{n}-{'ab'[side]}") for side in sides]
-    run = _run_plan(items, [reference, candidate], run_dir)
-    return PairedBursts(run.results[0][warmup:], run.results[1][warmup:], order)
-
-
-
-@dataclass(frozen=True)
-class PairedLoadSettings:
-    """How the paired A/B under load runs and judges, per tier (docs/serving.md, "Online serving")."""
-
-    rounds: int
-    """Rounds of a look (each a burst on both servers)."""
-    tolerance: dict[str, float]
-    """By latency (``tpot``, ``ttft``): the candidate's per-burst median worse than the reference's by more than
-    this, with a U test clear at :attr:`alpha`, fails."""
-    alpha: float
-    history_tolerance: dict[str, float]
-    """By latency: the per-burst ratios moving by more than this against the stored baseline fail."""
-
-    def judge(self, run: Callable[[int, int], PairedBursts]
-              ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
-        """Run a look (``run(rounds, seed)``), and a second one when the first finds a latency worse (Note
-        [second look] in :mod:`vramgate.engine.paired`: the verdict is then the pooled rounds'); the lines saying
-        what each look found, and the reference's and candidate's per-burst medians by latency."""
-        ref: dict[str, list[float]] = {k: [] for k in self.tolerance}
-        cand: dict[str, list[float]] = {k: [] for k in self.tolerance}
-        lines: list[str] = []
-        for n, name in enumerate(("first look", "second look")):
-            bursts = run(self.rounds, n)
-            worse = False
-            for latency in self.tolerance:
-                r, c = bursts.medians(latency)
-                ref[latency] += r
-                cand[latency] += c
-                line, bad = look(f"{name}, {latency}", r, c, tolerance=self.tolerance[latency], alpha=self.alpha)
-                lines.append(line)
-                worse = worse or bad
-            if not worse:
-                return lines, ref, cand
-        for latency in self.tolerance:
-            lines.append(look(f"pooled (the verdict), {latency}", ref[latency], cand[latency],
-                              tolerance=self.tolerance[latency], alpha=self.alpha)[0])
-        return lines, ref, cand
-
-
-#: Not calibrated yet: provisional settings.
-PAIRED_LOAD_SETTINGS = {
-    "cpu": PairedLoadSettings(rounds=20, tolerance={"tpot": 0.10, "ttft": 0.5}, alpha=0.05,
-                              history_tolerance={"tpot": 0.15, "ttft": 0.75}),
-    "gpu": PairedLoadSettings(rounds=20, tolerance={"tpot": 0.05, "ttft": 0.10}, alpha=0.01,
-                              history_tolerance={"tpot": 0.05, "ttft": 0.10}),
-}
-
-
-def paired_settings(tier: str) -> PairedLoadSettings:
-    """The paired A/B under load's settings on the ``cpu`` or ``gpu`` engine tier."""
-    if tier not in PAIRED_LOAD_SETTINGS:
-        raise ValueError(f"unknown engine tier {tier!r}; known: {', '.join(PAIRED_LOAD_SETTINGS)}")
-    return PAIRED_LOAD_SETTINGS[tier]
+    return run_plan([(0, load, f"load-{n}") for n, load in enumerate(loads)], [server], run_dir)

@@ -144,7 +144,7 @@ max_num_seqs = 32
 
 # Online serving: vLLM's OpenAI-compatible server under the team's load, measured by vLLM's own benchmark client
 # (vllm bench serve). The pre-merge case: one request rate and the memory slope of a sustained load; the second
-# rate in the full gate. docs/serving.md, "Online serving".
+# rate in the full gate. docs/online-serving.md.
 [[entries]]
 suites = ["serving"]
 model = "tiny-llama"

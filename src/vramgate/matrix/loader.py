@@ -161,7 +161,7 @@ class Serving:
 @dataclass(frozen=True)
 class ServingLoad:
     """An entry's load on vLLM's server (``[entries.load]``): what vLLM's benchmark client sends, and the SLOs its
-    goodput counts (docs/serving.md, "Online serving")."""
+    goodput counts (docs/online-serving.md)."""
 
     request_rates: tuple[float, ...]
     """Requests per second, a case each (``inf``: all at once)."""
@@ -176,7 +176,7 @@ class ServingLoad:
     """Requests of the sustained load whose memory slope is gated."""
     sustained_concurrency: int = 8
     paired_rounds: int = 20
-    paired_requests: int = 64
+    paired_requests: int = 32
     paired_concurrency: int = 8
 
     def describe(self) -> str:
@@ -305,6 +305,8 @@ def parse_budget(source: str, where: str, metric: str, text: object) -> Budget:
         raise MatrixError(f"{source}: {where}.{metric}: {text!r} is not a budget; write \"<= NUMBER [UNIT]\" or "
                           f"\">= NUMBER [UNIT]\"")
     value, base = _amount(source, f"{where}.{metric}", m.group(2), m.group(3))
+    if metric == "memory_slope" and base == "B":
+        base = "B/1k requests"  # the slope's unit: bytes per 1,000 requests
     return Budget(metric, m.group(1), value, base, text.strip())
 
 
@@ -413,7 +415,7 @@ def _load(source: str, where: str, table: object) -> ServingLoad:
     ints = {}
     for name, default, least in (("num_prompts", 40, 8), ("input_len", 64, 1), ("output_len", 32, 2),
                                  ("sustained_requests", 400, 40), ("sustained_concurrency", 8, 1),
-                                 ("paired_rounds", 20, 4), ("paired_requests", 64, 8), ("paired_concurrency", 8, 1)):
+                                 ("paired_rounds", 20, 4), ("paired_requests", 32, 8), ("paired_concurrency", 8, 1)):
         ints[name] = r.get(name, int, default)
         if ints[name] < least:
             raise r.fail(name, f"must be >= {least}, got {ints[name]}")

@@ -25,6 +25,7 @@ from vramgate.core.metrics import format_value
 from vramgate.machine.gpu_processes import alive
 from vramgate.machine.probes.cpu import children, rss_bytes
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS
+from vramgate.runtime import process
 from vramgate.runtime.preload import interpreter_pids
 
 #: Helper processes started once and kept for the life of the process: not leaks. Python's multiprocessing
@@ -182,9 +183,11 @@ def hygiene_state(memory: bool = False) -> HygieneState:
     """The reading hygiene compares (*memory*: also the child processes' and the devices' memory).
 
     The gate's preloaded engine interpreters (Note [preloaded engines] in :mod:`vramgate.runtime.preload`)
-    live as long as the process and are left out; the engines they fork are not (their command line is the
-    preloaded interpreter's, so they are told apart by pid)."""
-    kids = set(children(os.getpid())) - interpreter_pids()
+    and the children kept for the session (the serving suite's servers, with their engine cores:
+    :func:`vramgate.runtime.process.keep_for_session`) live as long as the process and are left out; the
+    engines the interpreters fork are not (their command line is the preloaded interpreter's, so they are told
+    apart by pid)."""
+    kids = set(children(os.getpid())) - interpreter_pids() - process.session_pids()
     allocated = cuda_allocated()
     if not memory:
         return HygieneState(kids, allocated)

@@ -1,5 +1,8 @@
 """The gate's session: options, this machine's facts, every test's metrics checked against budgets and
-baselines, the baselines to write, and the plain :class:`~vramgate.report.summary.Summary` reports render."""
+baselines, the baselines to write, and the plain :class:`~vramgate.report.summary.Summary` reports render.
+
+Longer than 400 lines: the order in which a metric's rules apply (untrusted, budget-only, missing, another
+machine's speed, the baseline) is one loop, kept in one place so that it reads as one decision."""
 
 from __future__ import annotations
 

@@ -75,6 +75,30 @@ def launch(command: Sequence[str], log_path: Path, *, env: Mapping[str, str], cw
                                 cwd=cwd, start_new_session=True)
 
 
+#: Children that live as long as the session on purpose (the serving suite's servers), by pid.
+_SESSION_CHILDREN: set[int] = set()
+
+
+def keep_for_session(proc: Child) -> None:
+    """Mark *proc* as a child that outlives the test that started it on purpose (a server reused by later
+    tests): hygiene (Note [hygiene] in :mod:`vramgate.pytest_plugin.hygiene`) leaves it and its descendants out
+    until :func:`release` or its exit."""
+    _SESSION_CHILDREN.add(proc.pid)
+
+
+def release(proc: Child) -> None:
+    """*proc* is no longer kept for the session (it was stopped)."""
+    _SESSION_CHILDREN.discard(proc.pid)
+
+
+def session_pids() -> set[int]:
+    """The children kept for the session that still run, and all their descendants."""
+    from vramgate.machine.probes.cpu import children, proc_stat
+
+    alive = {pid for pid in _SESSION_CHILDREN if (stat := proc_stat(pid)) is not None and stat.state != "Z"}
+    return alive | {kid for pid in alive for kid in children(pid)}
+
+
 def signal_group(proc: Child, sig: signal.Signals) -> None:
     """Send *sig* to *proc*'s process group; nothing when the group is gone."""
     if proc.pid <= 0:  # never this process's own group

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from vramgate.engine import EngineSpec, UnsupportedHere
-from vramgate.engine.load import Load, LoadRun, PairedBursts, run_loads, run_paired_bursts
+from vramgate.engine.load import Load, LoadRun, run_loads
+from vramgate.engine.paired_load import PairedBursts, run_paired_bursts
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.matrix import ServingLoad
+from vramgate.runtime import process
 
 
 class Servers:
@@ -43,9 +45,12 @@ class Servers:
         if key in self._failed:
             pytest.fail(f"(the same server failed to start earlier in this session)\n{self._failed[key]}",
                         pytrace=False)
-        server = self._up.get(key)
+        server = self._up.pop(key, None)
         if server is not None and server.proc is not None and server.proc.poll() is None:
+            self._up[key] = server
             return server
+        if server is not None:  # it died since the last test: a fresh one
+            self._stop(server)
         self._started += 1
         try:
             server = ApiServer(spec, self.root, self.base_dir / f"{spec.model}-{key}-{self._started}",
@@ -56,14 +61,22 @@ class Servers:
         except ServerError as exc:
             self._failed[key] = exc
             pytest.fail(str(exc), pytrace=False)
+        assert server.proc is not None
+        process.keep_for_session(server.proc)  # reused by later tests: not a child this test left behind
         self._up[key] = server
         return server
 
     def _drop_dead(self) -> None:
         for key, server in list(self._up.items()):
             if server.proc is None or server.proc.poll() is not None:
-                server.stop()
+                self._stop(server)
                 del self._up[key]
+
+    @staticmethod
+    def _stop(server: ApiServer) -> None:
+        if server.proc is not None:
+            process.release(server.proc)
+        server.stop()
 
     def loads(self, server: ApiServer, loads: Sequence[Load], run_dir: Path) -> LoadRun:
         """:func:`~vramgate.engine.load.run_loads` on *server*; a failure fails the test with the reason and the
@@ -76,7 +89,7 @@ class Servers:
 
     def paired(self, reference: ApiServer, candidate: ApiServer, burst: Load, rounds: int, run_dir: Path, *,
                seed: int = 0) -> PairedBursts:
-        """:func:`~vramgate.engine.load.run_paired_bursts` on two servers; failures as :meth:`loads`."""
+        """:func:`~vramgate.engine.paired_load.run_paired_bursts` on two servers; failures as :meth:`loads`."""
         try:
             return run_paired_bursts(reference, candidate, burst, rounds, run_dir, seed=seed)
         except ServerError as exc:
@@ -86,7 +99,7 @@ class Servers:
     def close(self) -> None:
         """Stop every server of the session."""
         for server in self._up.values():
-            server.stop()
+            self._stop(server)
         self._up.clear()
 
 
@@ -112,6 +125,6 @@ def sustained_loads(load: ServingLoad) -> tuple[Load, Load]:
 
 def paired_burst(load: ServingLoad) -> Load:
     """The burst each server of a paired A/B serves per round (Note [paired bursts] in
-    :mod:`vramgate.engine.load`)."""
+    :mod:`vramgate.engine.paired_load`)."""
     return Load(num_prompts=load.paired_requests, request_rate=math.inf, max_concurrency=load.paired_concurrency,
                 input_len=load.input_len, output_len=load.output_len, seed=100)
