@@ -149,3 +149,15 @@ def test_report_without_durations_is_an_error(tmp_path: Path, capsys: pytest.Cap
     report.write_text(json.dumps({"schema": 1, "tests": []}), encoding="utf-8")
     assert main(["report", "durations", str(report)]) == 2
     assert "records no durations" in capsys.readouterr().err
+
+
+def test_tests_that_share_a_server_are_dealt_to_one_worker_one_after_the_other() -> None:
+    seconds = {"serve[4rps]": 60.0, "serve[memory]": 50.0, "sim[a]": 31.0, "sim[b]": 30.0, "eng[a]": 20.0,
+               "eng[b]": 20.0}
+    ids = list(seconds)
+    order = worker_order(ids, seconds, 2, together=[[0, 1]])
+    runs = [[ids[i] for i in order[:3]], [ids[i] for i in order[3:]]]
+    # Alone, the two longest would start on different workers (and each would start its own server).
+    assert runs[0][:2] == ["serve[4rps]", "serve[memory]"], runs
+    assert sorted(order) == list(range(6))
+    assert worker_order(ids, seconds, 2)[:1] == [0] and worker_order(ids, seconds, 2)[3] == 1

@@ -47,11 +47,12 @@ from vramgate.testing import (
 #: entry's; no KV budget: vLLM sizes the KV cache at the team's memory).
 BASE = EngineSpec(model="tiny-llama", kv_budget_gib=None)
 #: A server whose resident memory grows faster than this per 1,000 requests of the sustained load fails (unless the
-#: entry's budget says otherwise). Measured on 2 cores (docs/serving.md): unchanged servers 29-92 MiB per 1,000
-#: requests; a planted leak of 256 KiB per engine step 1.7 GiB.
+#: entry's budget says otherwise). Measured on 2 cores (docs/online-serving.md): unchanged servers 0.4-81 MiB per
+#: 1,000 requests (12 loads of 400); the planted leak of 256 KiB per engine step 1.2-1.7 GiB (3 loads).
 MEMORY_SLOPE_CEILING = 384 << 20
 
 
+@pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}-{request_rate}rps")
 def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: float, matrix_case: MatrixCase,
                       tmp_path: Path) -> None:
@@ -83,6 +84,7 @@ def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: fl
         gate.record("goodput", result.goodput, unit="ratio", better="higher", scope="machine", history=False)
 
 
+@pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
 def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path) -> None:
     """The server's memory over a sustained load: its slope per 1,000 requests, and its resident size."""
@@ -106,6 +108,7 @@ PAIRED_SPEC = EngineSpec(model="tiny-llama", block_size=32, max_model_len=1024, 
 
 @pytest.mark.gate_nightly("two servers and 40 bursts (about 3 minutes on 2 cores); the pre-merge latency of each "
                           "profile is gated by the paired engine tests")
+@pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_profiles("serving")
 def test_serving_paired(gate: Gate, servers: Servers, model_shape: ModelLoader, profile: Profile, tmp_path: Path,
                         request: pytest.FixtureRequest) -> None:

@@ -39,6 +39,15 @@ from typing import Any
 from vramgate.engine.arguments import llm_kwargs
 from vramgate.engine.spec import EngineSpec, engine_tier, kv_budget_bytes
 
+if __name__ == "__mp_main__":
+    # A process vLLM spawned from this server (its engine core, the core's worker: vLLM's CPU platform spawns):
+    # multiprocessing imports the server's main module first, under this name, before anything of vLLM. The ISA cap
+    # (Note [ISA cap] in vramgate.machine.isa) must be in force here too, or the worker loads the machine's own
+    # kernel library while the API server loaded the capped one.
+    from vramgate.machine import isa as _isa
+
+    _isa.apply_cap()
+
 #: Engine arguments the server command line does not take as they are (the server loads a tokenizer; a name
 #: for the model is given on its own).
 _NOT_FLAGS = frozenset({"model", "skip_tokenizer_init"})

@@ -62,10 +62,20 @@ def gate_reference() -> None:
     return None
 
 
+def gate_together(group: str) -> str:
+    """The tests marked with the same GROUP share something costly that a worker holds for its session (the
+    serving suite's servers): under pytest-xdist with --gate-durations they are dealt to one worker, one after
+    the other, so that only one worker starts it."""
+    if not isinstance(group, str) or not group.strip():
+        raise ValueError(f"group must name what the tests share, got {group!r}")
+    return group
+
+
 MARKERS: dict[str, Callable[..., object]] = {
     "gate_suite": gate_suite,
     "gate_nightly": gate_nightly,
     "gate_reference": gate_reference,
+    "gate_together": gate_together,
     "requires_gpus": requires_gpus,
     "requires_gpu_memory": requires_gpu_memory,
     "requires_capability": requires_capability,

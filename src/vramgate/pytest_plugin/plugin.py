@@ -110,12 +110,19 @@ class WorkerOrder:
 
     @pytest.hookimpl(trylast=True)  # after -m and -k deselected: worksteal splits what is left
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Order *items* for this run's number of workers, the ``gate_reference`` tests first."""
+        """Order *items* for this run's number of workers, the ``gate_reference`` tests first, the tests of one
+        ``gate_together`` group in one run."""
         from vramgate.store.durations import worker_order
 
         workers = int(getattr(config, "workerinput", {}).get("workercount") or 1)
         first = [i for i, item in enumerate(items) if item.get_closest_marker("gate_reference") is not None]
-        ranked = worker_order([item.nodeid for item in items], self.durations, workers, first)
+        groups: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            mark = item.get_closest_marker("gate_together")
+            if mark is not None and mark.args:
+                groups.setdefault(str(mark.args[0]), []).append(i)
+        ranked = worker_order([item.nodeid for item in items], self.durations, workers, first,
+                              together=list(groups.values()))
         items[:] = [items[i] for i in ranked]
 
 

@@ -62,15 +62,21 @@ def check_durations(data: Any, where: str) -> dict[str, float]:
 
 
 def worker_order(nodeids: Sequence[str], durations: Mapping[str, float], workers: int,
-                 first: Collection[int] = ()) -> list[int]:
+                 first: Collection[int] = (), together: Sequence[Collection[int]] = ()) -> list[int]:
     """The indices of *nodeids* in the order that gives each of *workers* contiguous, equally many tests of
     about equal seconds by *durations*, each run longest first (Note [longest first]); ties keep their order.
 
     The tests in *first* (indices: reference runs that other tests read) are dealt before the others and start
-    their runs, so that each worker computes a reference while the other works on something else."""
+    their runs, so that each worker computes a reference while the other works on something else. Each group of
+    *together* (indices of tests that share what a worker holds for its session, such as a server) is dealt as
+    one: its tests follow each other in one run, their seconds summed."""
     seconds = [durations.get(n, UNKNOWN_S) for n in nodeids]
+    groups = [sorted(g) for g in together if g]
+    grouped = {i for g in groups for i in g}
+    units = groups + [[i] for i in range(len(nodeids)) if i not in grouped]
+    unit_s = [sum(seconds[i] for i in u) for u in units]
     leading = set(first)
-    ranked = sorted(range(len(nodeids)), key=lambda i: (i not in leading, -seconds[i]))
+    ranked = sorted(range(len(units)), key=lambda u: (not leading.intersection(units[u]), -unit_s[u], units[u][0]))
     workers = max(1, min(workers, len(nodeids) or 1))
     # pytest-xdist's worksteal gives worker k len(pending) // (workers - k) of the tests still pending.
     room, left = [], len(nodeids)
@@ -79,10 +85,13 @@ def worker_order(nodeids: Sequence[str], durations: Mapping[str, float], workers
         left -= room[-1]
     runs: list[list[int]] = [[] for _ in range(workers)]
     totals = [0.0] * workers
-    for i in ranked:
-        k = min((k for k in range(workers) if len(runs[k]) < room[k]), key=lambda k: (totals[k], k))
-        runs[k].append(i)
-        totals[k] += seconds[i]
+    for u in ranked:
+        size = len(units[u])
+        fits = [k for k in range(workers) if len(runs[k]) + size <= room[k]] or \
+            [k for k in range(workers) if len(runs[k]) < room[k]] or list(range(workers))
+        k = min(fits, key=lambda k: (totals[k], k))
+        runs[k].extend(units[u])
+        totals[k] += unit_s[u]
     return [i for run in runs for i in run]
 
 

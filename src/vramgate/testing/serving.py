@@ -67,8 +67,9 @@ class Servers:
         return server
 
     def _drop_dead(self) -> None:
+        """Stop and forget every server that exited or no longer answers ``/health`` (after a failed load)."""
         for key, server in list(self._up.items()):
-            if server.proc is None or server.proc.poll() is not None:
+            if server.proc is None or server.proc.poll() is not None or not server.healthy(timeout_s=10.0):
                 self._stop(server)
                 del self._up[key]
 
