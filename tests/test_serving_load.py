@@ -72,11 +72,33 @@ def test_the_client_command_line_is_vllm_bench_serve() -> None:
     assert "inf" in client_argv(Load(), _FakeServer(), label="z")  # type: ignore[arg-type]
 
 
-def test_a_timed_trace_gives_each_request_its_own_prompt(tmp_path: Path) -> None:
-    path = write_timed_trace([(0.0, 40, 8), (0.5, 16, 4)], tmp_path / "t.jsonl")
+def test_a_timed_trace_gives_each_request_its_own_prompt_after_a_shared_prefix(tmp_path: Path) -> None:
+    path = write_timed_trace([(0.0, 40, 8), (0.5, 16, 4), (0.7, 48, 4)], tmp_path / "t.jsonl", prefix_lens=[0, 0, 32])
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["timestamp"] for r in rows] == [0.0, 0.5] and rows[0]["input_length"] == 40
-    assert rows[0]["hash_ids"] == [0, 1, 2] and rows[1]["hash_ids"] == [3]  # 16-token chunks, none shared
+    assert [r["timestamp"] for r in rows] == [0.0, 0.5, 0.7] and rows[0]["input_length"] == 40
+    own = 1 << 20
+    assert rows[0]["hash_ids"] == [own, own + 1, own + 2] and rows[1]["hash_ids"] == [own + 3]  # 16-token chunks
+    assert rows[2]["hash_ids"] == [0, 1, own + 4]  # two chunks of the shared prefix, then its own
+
+
+def test_an_entrys_workload_becomes_the_clients_trace(tmp_path: Path) -> None:
+    from vramgate.testing.serving import rate_load, workload_trace
+
+    m = parse_matrix(LOAD_MATRIX.format(load="request_rates = [4]\nnum_prompts = 12", budgets="").replace(
+        '[[entries]]', '[workloads.chat]\nbuiltin = "shared-prefix"\n\n[[entries]]').replace(
+        'tier = "cpu"', 'tier = "cpu"\nworkload = "chat"'), "m")
+    entry = m.entries[0]
+    trace = workload_trace(entry, ROOT, tmp_path)
+    assert trace is not None
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(rows) == 12 and all(r["input_length"] + r["output_length"] <= 2048 for r in rows)
+    assert len({r["hash_ids"][0] for r in rows}) == 1  # the generator's shared prefix, shared by the client too
+    assert entry.load is not None
+    load = rate_load(entry.load, 4.0, trace)
+    argv = client_argv(load, _FakeServer(), label="w")  # type: ignore[arg-type]
+    assert argv[argv.index("--dataset-path") + 1] == str(trace) and "--no-self-timed" in argv
+    assert workload_trace(parse_matrix(LOAD_MATRIX.format(load="request_rates = [4]", budgets=""), "m").entries[0],
+                          ROOT, tmp_path) is None
 
 
 def _client_result(n: int = 4, *, failed: int = 0) -> dict[str, object]:

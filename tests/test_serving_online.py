@@ -3,7 +3,7 @@ regressions the serving suite must catch. Needs vLLM (the cpu-full env runs it);
 
 - a port that is taken and an engine argument vLLM refuses fail the start with the reason and the log's tail;
 - a server whose engine core dies during a load fails that load, and the next test gets a fresh server;
-- a pytest killed with SIGKILL while its server is up leaves no process of the server behind;
+- a pytest killed with SIGKILL or SIGTERM while its server is up leaves no process of the server behind;
 - ``plant-step-leak`` (256 KiB kept per engine step) fails the memory slope, the unchanged server passes it;
 - ``plant-step-delay`` (every forward pass 15% longer) fails the paired check under load.
 """
@@ -102,7 +102,10 @@ def _project(pytester: pytest.Pytester, *, profiles: tuple[str, ...] = ()) -> py
     return pytester
 
 
-def test_a_killed_pytest_leaves_no_server_behind(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_pytest_leaves_no_server_behind(pytester: pytest.Pytester, sig: signal.Signals) -> None:
+    """SIGKILL (a runner that gives up, an out-of-memory kill) and SIGTERM (a CI timeout): pytest runs no
+    finalizer on either, so the servers end themselves."""
     project = _project(pytester)
     (project.path / "vramgate.toml").write_text("[models.tiny-llama]\n")
     (project.path / "test_hold.py").write_text(KILLED)
@@ -121,7 +124,7 @@ def test_a_killed_pytest_leaves_no_server_behind(pytester: pytest.Pytester) -> N
                 break
         assert pid is not None, "the server did not come up"
         assert len(group_members(pid)) >= 2, "the server and its engine core should be up"
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, sig)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 30
         while group_members(pid) and time.monotonic() < deadline:

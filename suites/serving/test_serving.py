@@ -41,6 +41,7 @@ from vramgate.testing import (
     skip_unmet,
     sustained_loads,
     unpaired_latency_tolerance,
+    workload_trace,
 )
 
 #: The engine spec the matrix's serving configuration is applied to (the model, block size and dtype are the
@@ -55,11 +56,13 @@ MEMORY_SLOPE_CEILING = 384 << 20
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}-{request_rate}rps")
 def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: float, matrix_case: MatrixCase,
-                      tmp_path: Path) -> None:
-    """The client's figures at one request rate of the entry's load."""
+                      project_root: Path, tmp_path: Path) -> None:
+    """The client's figures at one request rate of the entry's load (of its workload's requests, if it names
+    one)."""
     assert matrix_case.entry.load is not None
     server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
-    load = rate_load(matrix_case.entry.load, request_rate)
+    trace = workload_trace(matrix_case.entry, project_root, tmp_path)
+    load = rate_load(matrix_case.entry.load, request_rate, trace)
     result = servers.loads(server, [load], tmp_path / "load").results[0][0]
     assert result.completed == load.num_prompts and result.failed == 0, result
     tolerance = unpaired_latency_tolerance()

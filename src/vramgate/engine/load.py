@@ -57,8 +57,10 @@ class Load:
     output_len: int = 32
     seed: int = 0
     trace: str | None = None
-    """A ``timed_trace`` JSONL file (see :func:`write_timed_trace`): requests and arrival times from a trace
-    instead of the ``random`` dataset."""
+    """A ``timed_trace`` JSONL file (see :func:`write_timed_trace`): the requests' lengths (and arrival times) from
+    a workload instead of the ``random`` dataset."""
+    self_timed: bool = False
+    """With a trace: send at the trace's own arrival times, not at :attr:`request_rate`."""
     goodput: dict[str, float] = field(default_factory=dict)
     """SLOs in milliseconds by the client's names (``ttft``, ``tpot``, ``e2el``): goodput counts the requests
     that meet all of them."""
@@ -81,7 +83,8 @@ def client_argv(load: Load, server: ApiServer, *, label: str) -> list[str]:
             "--percentile-metrics", ",".join(LATENCIES), "--metric-percentiles", ",".join(map(str, PERCENTILES)),
             "--ignore-eos", "--disable-tqdm", "--save-detailed", "--label", label, "--temperature", "0"]
     if load.trace:
-        argv += ["--dataset-name", "timed_trace", "--dataset-path", load.trace]
+        argv += ["--dataset-name", "timed_trace", "--dataset-path", load.trace,
+                 "--self-timed" if load.self_timed else "--no-self-timed"]
     else:
         argv += ["--dataset-name", "random", "--random-input-len", str(load.input_len), "--random-output-len",
                  str(load.output_len), "--random-range-ratio", "0"]
@@ -92,16 +95,21 @@ def client_argv(load: Load, server: ApiServer, *, label: str) -> list[str]:
     return argv
 
 
-def write_timed_trace(requests: Sequence[tuple[float, int, int]], path: Path, chunk: int = 16) -> Path:
-    """A ``timed_trace`` file of the client for *requests* (arrival in seconds, input tokens, output tokens), with
-    prompts that share no prefix (each its own hash ids)."""
+def write_timed_trace(requests: Sequence[tuple[float, int, int]], path: Path, chunk: int = 16,
+                      prefix_lens: Sequence[int] = ()) -> Path:
+    """A ``timed_trace`` file of the client for *requests* (arrival in seconds, input tokens, output tokens). The
+    client builds each prompt from hash ids, a chunk of *chunk* tokens each: a request's first ``prefix_len``
+    tokens (*prefix_lens*, by request; none by default) are chunks every request with a prefix shares (a common
+    system prompt, which vLLM's prefix cache then holds once), the rest its own."""
     lines = []
-    next_hash = 0
-    for arrival, input_len, output_len in requests:
-        n = max(1, -(-int(input_len) // chunk))
+    next_hash = 1 << 20  # above the shared prefix's ids
+    for n, (arrival, input_len, output_len) in enumerate(requests):
+        shared = min(int(prefix_lens[n]) if n < len(prefix_lens) else 0, int(input_len)) // chunk
+        own = max(1, -(-(int(input_len) - shared * chunk) // chunk))
+        ids = [*range(shared), *range(next_hash, next_hash + own)]
+        next_hash += own
         lines.append(json.dumps({"timestamp": float(arrival), "input_length": int(input_len),
-                                 "output_length": int(output_len), "hash_ids": list(range(next_hash, next_hash + n))}))
-        next_hash += n
+                                 "output_length": int(output_len), "hash_ids": ids}))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 

@@ -20,7 +20,7 @@ from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, se
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
-from vramgate.testing.serving import Servers, paired_burst, rate_load, sustained_loads
+from vramgate.testing.serving import Servers, paired_burst, rate_load, sustained_loads, workload_trace
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
 
@@ -50,4 +50,5 @@ __all__ = [
     "sustained_loads",
     "unpaired_latency_tolerance",
     "version_problem",
+    "workload_trace",
 ]

@@ -22,8 +22,12 @@ from vramgate.engine import EngineSpec, UnsupportedHere
 from vramgate.engine.load import Load, LoadRun, run_loads
 from vramgate.engine.paired_load import PairedBursts, run_paired_bursts
 from vramgate.engine.server import ApiServer, ServerError
-from vramgate.matrix import ServingLoad
+from vramgate.matrix import Entry, ServingLoad
 from vramgate.runtime import process
+
+
+#: The workload fields every server's spec gets (see :meth:`Servers.get`).
+_ANY = EngineSpec(model="any")
 
 
 class Servers:
@@ -41,6 +45,10 @@ class Servers:
         the server's log tail) when it cannot start, skips it when this machine's kernels cannot run *spec*."""
         if self.profile and spec.profile is None:
             spec = spec.replace(profile=self.profile)
+        # A server serves whatever traffic it is sent: a spec's workload is not the server's (entries that differ
+        # in their workload only share one).
+        spec = spec.replace(workload=_ANY.workload, requests=_ANY.requests, seed=_ANY.seed, workload_params={},
+                            arrival_rate=None)
         key = spec.key()
         if key in self._failed:
             pytest.fail(f"(the same server failed to start earlier in this session)\n{self._failed[key]}",
@@ -104,11 +112,34 @@ class Servers:
         self._up.clear()
 
 
-def rate_load(load: ServingLoad, request_rate: float) -> Load:
-    """The client's load for one of the entry's request rates."""
+def rate_load(load: ServingLoad, request_rate: float, trace: Path | None = None) -> Load:
+    """The client's load for one of the entry's request rates; with *trace* (:func:`workload_trace`), the
+    workload's requests at that rate instead of the client's random prompts."""
     return Load(num_prompts=load.num_prompts, request_rate=request_rate, burstiness=load.burstiness,
                 max_concurrency=load.max_concurrency, input_len=load.input_len, output_len=load.output_len,
-                goodput={name: seconds * 1e3 for name, seconds in load.slo})
+                goodput={name: seconds * 1e3 for name, seconds in load.slo},
+                trace=None if trace is None else str(trace))
+
+
+def workload_trace(entry: Entry, root: Path, folder: Path) -> Path | None:
+    """The entry's workload (a built-in generator or a saved trace, ``workload = ...`` in the matrix) as the
+    client's ``timed_trace`` file in *folder*: its requests' lengths and shared prefixes (:attr:`num_prompts` of
+    them, at most the serving configuration's ``max_model_len`` each); None for an entry without one."""
+    from vramgate.engine.load import write_timed_trace
+    from vramgate.workloads import WorkloadError, build
+
+    wl = entry.workload
+    if wl is None or entry.load is None:
+        return None
+    max_len = entry.serving.max_model_len if entry.serving else 2048
+    try:
+        built = build(wl.engine_name, requests=entry.load.num_prompts, seed=wl.seed or 0, max_model_len=max_len,
+                      root=root, **wl.params)
+    except WorkloadError as exc:
+        pytest.fail(f"matrix entries[{entry.index}].workload: {exc}", pytrace=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_timed_trace([(r.arrival_s, r.prompt_len, r.output_len) for r in built.requests],
+                             folder / f"{wl.name}.jsonl", prefix_lens=[r.prefix_len for r in built.requests])
 
 
 def sustained_loads(load: ServingLoad) -> tuple[Load, Load]:
