@@ -25,7 +25,6 @@ from vramgate.engine.server import ApiServer, ServerError
 from vramgate.matrix import Entry, ServingLoad
 from vramgate.runtime import process
 
-
 #: The workload fields every server's spec gets (see :meth:`Servers.get`).
 _ANY = EngineSpec(model="any")
 
