@@ -1,6 +1,7 @@
 """What the gate reads of vLLM's own memory sizing (Note [automatic KV] in vramgate.engine.memory_decision),
 pinned against vLLM's source: the CUDA worker's memory profiling and graph capture, the CPU worker's RSS-based
-sizing, the engine core's and the cache config's figures.
+sizing, the engine core's and the cache config's figures; and the online-serving entry points (the server's
+``main``, its argument parser, the benchmark client's options and result fields).
 
 The CUDA paths cannot run here, so these read the source, not a running engine: each release's ``.py`` files
 (the CUDA wheel's, unpacked by ``scripts/vllm_sources.py``; ``tox -e contracts`` does it for vLLM 0.31.0, 0.32.0
@@ -163,3 +164,39 @@ def test_model_runner_captures_and_estimates_graphs(vllm_src: Path) -> None:
     assert isinstance(capture.returns, ast.Name) and capture.returns.id == "int", "capture_model returns the pool"
     method(runner, "profile_cudagraph_memory")
 
+
+
+# -- Online serving (vramgate.engine.api_server, vramgate.engine.load_client): the entry points the gate calls
+# and the options and result fields of vLLM's benchmark client it uses.
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name for n in tree.body)
+
+
+def test_the_server_entry_point_the_gate_runs_is_there(vllm_src: Path) -> None:
+    entry = module(vllm_src, "entrypoints/launchers/api_server/entry.py")
+    assert _defines(entry, "main") and _defines(entry, "run_server")
+    parsers = [p for p in ("entrypoints/common/cli_args.py", "entrypoints/launchers/cli_args.py")
+               if (vllm_src / p).is_file()]
+    assert parsers, "make_arg_parser's module is gone (vramgate.engine.api_server.server_options)"
+    assert _defines(module(vllm_src, parsers[0]), "make_arg_parser")
+    envs = (vllm_src / "envs.py").read_text(encoding="utf-8")
+    assert '"VLLM_RPC_BASE_PATH"' in envs  # the short folder of the server's IPC sockets
+
+
+def test_the_benchmark_client_takes_the_options_and_gives_the_fields_the_gate_reads(vllm_src: Path) -> None:
+    serve = module(vllm_src, "benchmarks/serve.py")
+    assert _defines(serve, "add_cli_args") and _defines(serve, "main")
+    text = (vllm_src / "benchmarks" / "serve.py").read_text(encoding="utf-8")
+    datasets = (vllm_src / "benchmarks" / "datasets" / "datasets.py").read_text(encoding="utf-8")
+    for option in ("--save-detailed", "--percentile-metrics", "--metric-percentiles", "--goodput", "--ignore-eos",
+                   "--disable-tqdm", "--max-concurrency", "--burstiness", "--request-rate", "--self-timed"):
+        assert f'"{option}"' in text, f"vllm bench serve has no {option}"
+    for option in ("--random-input-len", "--random-output-len", "--random-range-ratio", "--dataset-path"):
+        assert f'"{option}"' in datasets, f"vllm bench serve's datasets have no {option}"
+    assert '"timed_trace"' in datasets
+    for key in ("request_goodput", "ttfts", "latencies", "start_times", "output_lens", "errors", "completed",
+                "failed", "request_throughput", "output_throughput"):
+        assert f'"{key}"' in text, f"vllm bench serve's result has no {key!r}"
+    assert 'f"p{p_word}_{metric_attribute_name}_ms"' in text  # p50_ttft_ms, ...: LoadResult.from_client

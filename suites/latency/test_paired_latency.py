@@ -19,14 +19,12 @@ from vramgate import Gate
 from vramgate.engine import (
     PairedEngines,
     confirmed_rounds,
-    cpu_backend_problem,
     engine_tier,
-    kernel_problem,
     latency_spec,
     paired_defaults,
 )
 from vramgate.profiles import Profile
-from vramgate.testing import ModelLoader, skip_unmet
+from vramgate.testing import ModelLoader, runnable_candidate, skip_unmet
 
 
 @pytest.mark.gate_profiles("block_manager")
@@ -37,15 +35,7 @@ def test_profile_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, m
     skip_unmet(profile)
     tier = engine_tier()
     reference = latency_spec("tiny-llama")
-    candidate = reference.replace(profile=profile.name)
-    if tier == "cpu":
-        dtype = str(profile.engine_args.get("kv_cache_dtype", reference.kv_cache_dtype))
-        problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), model_shape(reference.model).use_mla)
-        if problem:
-            pytest.skip(f"profile {profile.name} on this tier: {problem}")
-    problem = kernel_problem(candidate.replace(engine_args={**profile.engine_args, **candidate.engine_args}))
-    if problem:
-        pytest.skip(f"not on this machine: profile {profile.name}: {problem}")
+    candidate = runnable_candidate(reference, profile, model_shape(reference.model).use_mla)
     settings = paired_defaults(tier)
     with PairedEngines(reference, candidate, project_root, tmp_path, cache_root=vllm_env / "cache") as engines:
         reference_rounds, candidate_rounds, looks = confirmed_rounds(engines, settings, seed=0)

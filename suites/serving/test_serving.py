@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import EngineSpec, cpu_backend_problem, engine_tier, kernel_problem
+from vramgate.engine import EngineSpec, engine_tier
 from vramgate.engine.load import memory_slope
 from vramgate.engine.paired_load import paired_settings
 from vramgate.matrix import ServingLoad
@@ -38,6 +38,7 @@ from vramgate.testing import (
     Servers,
     paired_burst,
     rate_load,
+    runnable_candidate,
     skip_unmet,
     sustained_loads,
     unpaired_latency_tolerance,
@@ -119,15 +120,7 @@ def test_serving_paired(gate: Gate, servers: Servers, model_shape: ModelLoader, 
     skip_unmet(profile)
     tier = engine_tier()
     reference = PAIRED_SPEC if tier == "cpu" else PAIRED_SPEC.replace(gpu_memory_utilization=0.9, block_size=16)
-    candidate = reference.replace(profile=profile.name)
-    if tier == "cpu":
-        dtype = str(profile.engine_args.get("kv_cache_dtype", reference.kv_cache_dtype))
-        problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), model_shape(reference.model).use_mla)
-        if problem:
-            pytest.skip(f"profile {profile.name} on this tier: {problem}")
-    problem = kernel_problem(candidate.replace(engine_args={**profile.engine_args, **candidate.engine_args}))
-    if problem:
-        pytest.skip(f"not on this machine: profile {profile.name}: {problem}")
+    candidate = runnable_candidate(reference, profile, model_shape(reference.model).use_mla)
     settings = paired_settings(tier)
     load = ServingLoad(request_rates=(float("inf"),), paired_rounds=settings.rounds)
     a, b = servers.get(reference), servers.get(candidate)

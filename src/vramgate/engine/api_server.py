@@ -149,23 +149,31 @@ def main(argv: list[str]) -> int:
 
         device = device_total_bytes(torch)
     kwargs = llm_kwargs(spec, model_dir, device, node)
-    import uvloop
-    from vllm.entrypoints.launchers.api_server.entry import run_server
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
+    server_argv = serve_argv(kwargs, model_dir, host=data["host"], port=int(data["port"]),
+                             served_name=data["served_name"], options=server_options())
+    print("vllm serve " + " ".join(server_argv), flush=True)
+    from vllm.entrypoints.launchers.api_server import entry
+
+    sys.argv = ["vllm serve", *server_argv]
+    entry.main()  # what `vllm serve` runs: vLLM's parser, its checks, run_server
+    return 0
+
+
+def server_options() -> set[str]:
+    """The option strings of vLLM's server parser (``make_arg_parser``: in ``vllm.entrypoints.launchers.cli_args``
+    in vLLM 0.31 and 0.32, ``vllm.entrypoints.common.cli_args`` from 0.33)."""
+    import importlib
+
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    cli_env_setup()
-    parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
-    server_argv = serve_argv(kwargs, model_dir, host=data["host"], port=int(data["port"]),
-                             served_name=data["served_name"], options=parser._option_string_actions)
-    print("vllm serve " + " ".join(server_argv), flush=True)
-    args = parser.parse_args(server_argv)
-    configure_logging_from_args(args)
-    validate_parsed_serve_args(args)
-    uvloop.run(run_server(args))
-    return 0
+    for name in ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args"):
+        try:
+            cli_args = importlib.import_module(name)
+        except ImportError:
+            continue
+        parser = cli_args.make_arg_parser(FlexibleArgumentParser(description="vLLM server"))
+        return {s for action in parser._actions for s in action.option_strings}
+    raise ImportError("vLLM's server argument parser (make_arg_parser) is in none of the modules it was in")
 
 
 if __name__ == "__main__":

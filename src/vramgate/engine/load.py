@@ -39,8 +39,6 @@ STEADY_AFTER = 0.25
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 #: The percentiles the client reports (``--metric-percentiles``).
 PERCENTILES = (50, 90, 99)
-#: SLO names the client's ``--goodput`` takes (milliseconds).
-SLO_METRICS = ("ttft", "tpot", "e2el")
 
 
 @dataclass(frozen=True)

@@ -439,6 +439,16 @@ def _load(source: str, where: str, table: object) -> ServingLoad:
                        ints["paired_rounds"], ints["paired_requests"], ints["paired_concurrency"])
 
 
+def _table_for_suites(r: _Reader, key: str, given: bool, suites: tuple[str, ...], needing: frozenset[str],
+                      needs: str, does: str) -> None:
+    """A table (``[entries.KEY]``) is there exactly when a suite of the entry (one of *needing*) uses it."""
+    which = sorted(set(suites) & needing)
+    if which and not given:
+        raise r.fail(key, f"missing table: the {', '.join(which)} suite {needs}")
+    if given and not which:
+        raise r.fail(key, f"no suite of this entry {does} (those that do: {', '.join(sorted(needing))})")
+
+
 def _entry(source: str, index: int, table: object, models: dict[str, Model],
            workloads: dict[str, Workload]) -> Entry:
     where = f"entries[{index}]"
@@ -478,22 +488,13 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
                      f"no [workloads.{workload}] in this file{_suggest(workload, tuple(workloads) or ('(none)',))}")
     serving_table = r.get("serving", dict)
     serving = None if serving_table is None else _serving(source, where, serving_table, tier)
-    needs_serving = sorted(set(suites) & SERVING_SUITES)
-    if needs_serving and serving is None:
-        raise r.fail("serving", f"missing table: the {', '.join(needs_serving)} suite runs the team's serving "
-                                "configuration ([entries.serving] with gpu_memory_utilization / cpu_memory)")
-    if serving is not None and not needs_serving:
-        raise r.fail("serving", f"no suite of this entry runs a serving configuration (those that do: "
-                                f"{', '.join(sorted(SERVING_SUITES))})")
+    _table_for_suites(r, "serving", serving is not None, suites, SERVING_SUITES, "runs the team's serving "
+                      "configuration ([entries.serving] with gpu_memory_utilization / cpu_memory)",
+                      "runs a serving configuration")
     load_table = r.get("load", dict)
     load = None if load_table is None else _load(source, where, load_table)
-    needs_load = sorted(set(suites) & LOAD_SUITES)
-    if needs_load and load is None:
-        raise r.fail("load", f"missing table: the {', '.join(needs_load)} suite puts the team's load on vLLM's server "
-                             "([entries.load] with request_rates)")
-    if load is not None and not needs_load:
-        raise r.fail("load", f"no suite of this entry puts a load on a server (those that do: "
-                             f"{', '.join(sorted(LOAD_SUITES))})")
+    _table_for_suites(r, "load", load is not None, suites, LOAD_SUITES, "puts the team's load on vLLM's server "
+                      "([entries.load] with request_rates)", "puts a load on a server")
     budgets_table = r.get("budgets", dict, {})
     budgets = tuple(parse_budget(source, f"{where}.budgets", k, v) for k, v in budgets_table.items())
     recorded = sorted({m for suite in suites for m in SUITE_METRICS.get(suite, ())})

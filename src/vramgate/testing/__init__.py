@@ -18,7 +18,7 @@ from vramgate.testing.engines import (
 )
 from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, session_matrix
 from vramgate.testing.models import ModelLoader
-from vramgate.testing.profiles import skip_unmet, version_problem
+from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
 from vramgate.testing.serving import Servers, paired_burst, rate_load, sustained_loads, workload_trace
 from vramgate.testing.simulator import Simulator
@@ -43,6 +43,7 @@ __all__ = [
     "matrix_params",
     "paired_burst",
     "rate_load",
+    "runnable_candidate",
     "session_matrix",
     "skip_unmet",
     "small_run_block_size",

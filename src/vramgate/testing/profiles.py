@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from vramgate.engine import EngineSpec
 from vramgate.profiles import Profile, load_profiles, profiles_for_suite, unmet_here
 
 #: The argument the mark parametrizes.
@@ -81,3 +82,21 @@ def version_problem(profile: Profile) -> str | None:
         return None
     return (f"profile {profile.name} targets {profile.distribution} {profile.version}; the engine environment has "
             f"{env.vllm_distribution} {env.vllm} (what it would do there: vramgate upgrade, or the profile check)")
+
+
+def runnable_candidate(reference: EngineSpec, profile: Profile, use_mla: bool) -> EngineSpec:
+    """*reference* with *profile* applied: the candidate of a paired test. Skips the test, before any engine
+    starts, where this tier's attention backends (a CPU backend and the profile's KV dtype) or this machine's
+    kernels (an ISA without them) cannot run the profile."""
+    from vramgate.engine import cpu_backend_problem, engine_tier, kernel_problem
+
+    candidate = reference.replace(profile=profile.name)
+    if engine_tier() == "cpu":
+        dtype = str(profile.engine_args.get("kv_cache_dtype", reference.kv_cache_dtype))
+        problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), use_mla)
+        if problem:
+            pytest.skip(f"profile {profile.name} on this tier: {problem}")
+    problem = kernel_problem(candidate.replace(engine_args={**profile.engine_args, **candidate.engine_args}))
+    if problem:
+        pytest.skip(f"not on this machine: profile {profile.name}: {problem}")
+    return candidate
