@@ -332,3 +332,23 @@ def test_a_server_whose_gate_is_killed_takes_its_process_group_with_it(tmp_path:
         assert group_members(pgid) == [], "the server's group outlived its gate"
     finally:
         proc.kill()
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path: Path) -> None:
+    """The first start fails with "Address already in use" (a stand-in server); the second, on a new port, too:
+    two starts, and the error is the second's. A port the test gave is never changed."""
+    fake = tmp_path / "python"
+    count = tmp_path / "starts"
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\necho 'OSError: [Errno 98] Address already in use' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    spec = EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None, cpu_memory_bytes=1 << 30,
+                      gpu_memory_utilization=0.5, python=str(fake))
+    chosen = ApiServer(spec, ROOT, tmp_path / "chosen", start_timeout_s=30)
+    with pytest.raises(ServerError, match="Address already in use"):
+        chosen.start()
+    assert count.read_text().count("x") == 2
+    count.unlink()
+    given = ApiServer(spec, ROOT, tmp_path / "given", port=chosen.port, start_timeout_s=30)
+    with pytest.raises(ServerError, match="Address already in use"):
+        given.start()
+    assert count.read_text().count("x") == 1 and given.port == chosen.port
