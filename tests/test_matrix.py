@@ -245,7 +245,7 @@ def test_adding_a_model_adds_its_cases_to_the_kv_capacity_and_latency_suites(tmp
 
 def test_the_command_checks_and_lists(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["matrix", "--check", "--root", str(ROOT), "--file", "examples/team-matrix.toml"]) == 0
-    assert "examples/team-matrix.toml: 2 models, 2 workloads, 4 entries: valid" in capsys.readouterr().out
+    assert "examples/team-matrix.toml: 2 models, 2 workloads, 5 entries: valid" in capsys.readouterr().out
     team = (ROOT / "examples" / "team-matrix.toml").read_text(encoding="utf-8")
     bad = tmp_path / "bad.toml"
     bad.write_text(team.replace("kv_cache_dtype = \"fp8\"", "kv_cache_dtyp = \"fp8\""), encoding="utf-8")

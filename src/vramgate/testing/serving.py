@@ -114,7 +114,10 @@ class Servers:
 def rate_load(load: ServingLoad, request_rate: float, trace: Path | None = None) -> Load:
     """The client's load for one of the entry's request rates; with *trace* (:func:`workload_trace`), the
     workload's requests at that rate instead of the client's random prompts."""
-    return Load(num_prompts=load.num_prompts, request_rate=request_rate, burstiness=load.burstiness,
+    prompts = load.num_prompts  # a saved trace may hold fewer requests than asked for: all of them are sent
+    if trace is not None:
+        prompts = sum(1 for line in trace.read_text(encoding="utf-8").splitlines() if line.strip())
+    return Load(num_prompts=prompts, request_rate=request_rate, burstiness=load.burstiness,
                 max_concurrency=load.max_concurrency, input_len=load.input_len, output_len=load.output_len,
                 goodput={name: seconds * 1e3 for name, seconds in load.slo},
                 trace=None if trace is None else str(trace))
