@@ -1,8 +1,8 @@
 """The serving subprocess: ``python -m vramgate.engine.api_server SERVER.json``, vLLM's OpenAI-compatible server
 for one :class:`~vramgate.engine.spec.EngineSpec`.
 
-It is what ``vllm serve`` runs (``vllm.entrypoints.launchers.api_server.entry.main``: vLLM's own argument parser,
-its ``validate_parsed_serve_args`` and ``run_server``), with three things only this process can do first:
+It runs what ``vllm serve`` runs (``vllm.entrypoints.launchers.api_server.entry.main``: vLLM's own argument
+parser, its ``validate_parsed_serve_args`` and ``run_server``), with three things only this process can do first:
 
 - the engine arguments come from :func:`~vramgate.engine.arguments.llm_kwargs`, the one place that builds them for
   every engine of the gate, turned into the server's command line (:func:`serve_argv`); on CPU the serving
