@@ -200,3 +200,12 @@ def test_the_benchmark_client_takes_the_options_and_gives_the_fields_the_gate_re
                 "failed", "request_throughput", "output_throughput"):
         assert f'"{key}"' in text, f"vllm bench serve's result has no {key!r}"
     assert 'f"p{p_word}_{metric_attribute_name}_ms"' in text  # p50_ttft_ms, ...: LoadResult.from_client
+
+
+def test_every_ipc_socket_is_named_under_vllm_rpc_base_path(vllm_src: Path) -> None:
+    """Note [IPC socket path] in vramgate.runtime.vllm_env: the socket folder the gate sets is the one vLLM uses."""
+    net = module(vllm_src, "utils/network_utils.py")
+    fn = [n for n in net.body if isinstance(n, ast.FunctionDef) and n.name == "get_open_zmq_ipc_path"]
+    assert fn and "VLLM_RPC_BASE_PATH" in attributes_read(fn[0])
+    for user in ("distributed/device_communicators/shm_broadcast.py", "v1/engine/utils.py"):
+        assert "get_open_zmq_ipc_path" in calls(module(vllm_src, user)), user

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -44,11 +41,6 @@ STOP_GRACE_S = 20.0
 
 class ServerError(EngineError):
     """A server that did not start, died while serving, or failed a request; carries its log's tail."""
-
-
-def _short_tmp() -> str:
-    """A temporary folder whose paths are short enough for a Unix socket: ``/tmp`` where there is one."""
-    return "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else tempfile.gettempdir()
 
 
 def free_port(host: str = HOST) -> int:
@@ -78,7 +70,6 @@ class ApiServer:
         self.served_name = spec.model
         self._paths, self._cache_root = paths, cache_root
         self.proc: process.Child | None = None
-        self._rpc_dir: Path | None = None
         self.startup_s: float | None = None
         """Seconds from the start of the process to its first healthy answer."""
 
@@ -116,10 +107,7 @@ class ApiServer:
         }, indent=2, sort_keys=True), encoding="utf-8")
         env = engine_env(self.spec, self.run_dir, self._paths, self._cache_root)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs its engine core as vLLM does: apart
-        # vLLM's API server and engine core talk over IPC sockets named under VLLM_RPC_BASE_PATH (default: the
-        # temporary folder), and a socket's path has at most 107 bytes: the run's folder is too deep for it.
-        self._rpc_dir = Path(tempfile.mkdtemp(prefix="vramgate-rpc-", dir=_short_tmp()))
-        env["VLLM_RPC_BASE_PATH"] = str(self._rpc_dir)
+        # Its API server and engine core talk over IPC sockets: Note [IPC socket path] in vramgate.runtime.vllm_env.
         cmd = [self.spec.python or engine_python(), "-m", "vramgate.engine.api_server", str(server_json)]
         t0 = time.monotonic()
         self.proc = process.launch(cmd, self.log_path, env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL)
@@ -177,8 +165,6 @@ class ApiServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=STOP_GRACE_S)
         process.kill_group(proc, grace_s=2.0)  # whatever of the group is left: vLLM's engine core, its helpers
-        if self._rpc_dir is not None:
-            shutil.rmtree(self._rpc_dir, ignore_errors=True)
         return proc.returncode
 
     def __enter__(self) -> ApiServer:

@@ -14,6 +14,7 @@ environment always sets its level, whatever the gate's process has.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,6 +30,25 @@ OFFLINE = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
+
+
+#: The longest path of a Unix socket (``sizeof(sockaddr_un.sun_path)`` less its terminator): libzmq refuses longer.
+UNIX_SOCKET_PATH_MAX = 107
+
+
+def rpc_dir() -> Path:
+    """The folder of vLLM's IPC sockets (``VLLM_RPC_BASE_PATH``) for every vLLM the gate runs.
+
+    Note [IPC socket path]: vLLM names every IPC socket ``ipc://{VLLM_RPC_BASE_PATH}/{uuid4}``
+    (``utils/network_utils.get_open_zmq_ipc_path``: the API server and its engine core, a tensor-parallel run's
+    message queues, ``shm_broadcast``), and ``VLLM_RPC_BASE_PATH`` defaults to the temporary folder, which the
+    gate points into the run's folder: ``<basetemp>/engine0/<model>-<key>/tmp`` is about 100 bytes before the
+    socket's name, past the 107 a socket's path may have. So the sockets go to a short folder of this user under
+    ``/tmp`` instead (made once, mode 0700); the names are unique, so every run can share it."""
+    base = "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else tempfile.gettempdir()
+    path = Path(base) / f"vramgate-rpc-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
 
 
 def vllm_environment(run_dir: Path, *, cache_root: Path | None = None, log_level: str | None = ENGINE_LOG_LEVEL,
@@ -49,6 +69,7 @@ def vllm_environment(run_dir: Path, *, cache_root: Path | None = None, log_level
         "VLLM_CONFIG_ROOT": str(run_dir / "config"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
+        "VLLM_RPC_BASE_PATH": str(rpc_dir()),  # Note [IPC socket path]
     })
     if log_level is not None:
         env["VLLM_LOGGING_LEVEL"] = log_level
