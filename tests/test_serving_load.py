@@ -261,13 +261,18 @@ def test_a_budget_only_figure_is_held_to_its_budget_and_never_to_a_baseline(pyte
     assert slope["verdict"] == "not compared", slope
 
 
+def _stand_in(tmp_path: Path, script: str) -> EngineSpec:
+    """A serving spec whose interpreter is a shell script standing in for vLLM's server (no vLLM here)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    return EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None, cpu_memory_bytes=1 << 30,
+                      gpu_memory_utilization=0.5, python=str(fake))
+
+
 def test_a_server_that_exits_before_it_is_up_fails_with_its_log(tmp_path: Path) -> None:
     """No vLLM here: the serving subprocess fails at its first import, and the error says so with the log."""
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho 'ValueError: the engine refused its arguments' >&2\nexit 3\n")
-    fake.chmod(0o755)
-    spec = EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None, cpu_memory_bytes=1 << 30,
-                      gpu_memory_utilization=0.5, python=str(fake))
+    spec = _stand_in(tmp_path, "echo 'ValueError: the engine refused its arguments' >&2\nexit 3\n")
     server = ApiServer(spec, ROOT, tmp_path / "run", start_timeout_s=30)
     with pytest.raises(ServerError) as info:
         server.start()
@@ -277,11 +282,7 @@ def test_a_server_that_exits_before_it_is_up_fails_with_its_log(tmp_path: Path) 
 
 
 def test_a_server_that_never_answers_is_stopped_after_its_timeout(tmp_path: Path) -> None:
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho listening nowhere\nexec sleep 60\n")
-    fake.chmod(0o755)
-    spec = EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None, cpu_memory_bytes=1 << 30,
-                      gpu_memory_utilization=0.5, python=str(fake))
+    spec = _stand_in(tmp_path, "echo listening nowhere\nexec sleep 60\n")
     server = ApiServer(spec, ROOT, tmp_path / "run", start_timeout_s=2)
     started = time.monotonic()
     with pytest.raises(ServerError, match="was not healthy after 2 s"):
@@ -293,8 +294,8 @@ def test_a_server_that_never_answers_is_stopped_after_its_timeout(tmp_path: Path
 GUARDED = textwrap.dedent("""
     import subprocess, sys, time
     sys.path.insert(0, sys.argv[1])
-    from vramgate.engine.api_server import _end_with_parent
-    _end_with_parent()
+    from vramgate.runtime.process import end_with_parent
+    end_with_parent()
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the engine core, in the group
     print("up", flush=True)
     time.sleep(120)
@@ -302,7 +303,7 @@ GUARDED = textwrap.dedent("""
 
 
 def test_a_server_whose_gate_is_killed_takes_its_process_group_with_it(tmp_path: Path) -> None:
-    """Note [server outlives no gate]: the gate (here a stand-in) is killed with SIGKILL; the server's group goes."""
+    """Note [no child outlives its gate]: the gate (here a stand-in) is killed with SIGKILL; the server's group goes."""
     script = tmp_path / "server.py"
     script.write_text(GUARDED)
     gate = textwrap.dedent(f"""
@@ -337,12 +338,8 @@ def test_a_server_whose_gate_is_killed_takes_its_process_group_with_it(tmp_path:
 def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path: Path) -> None:
     """The first start fails with "Address already in use" (a stand-in server); the second, on a new port, too:
     two starts, and the error is the second's. A port the test gave is never changed."""
-    fake = tmp_path / "python"
     count = tmp_path / "starts"
-    fake.write_text(f"#!/bin/sh\necho x >> {count}\necho 'OSError: [Errno 98] Address already in use' >&2\nexit 1\n")
-    fake.chmod(0o755)
-    spec = EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None, cpu_memory_bytes=1 << 30,
-                      gpu_memory_utilization=0.5, python=str(fake))
+    spec = _stand_in(tmp_path, f"echo x >> {count}\necho 'OSError: [Errno 98] Address already in use' >&2\nexit 1\n")
     chosen = ApiServer(spec, ROOT, tmp_path / "chosen", start_timeout_s=30)
     with pytest.raises(ServerError, match="Address already in use"):
         chosen.start()

@@ -183,6 +183,9 @@ def test_the_server_entry_point_the_gate_runs_is_there(vllm_src: Path) -> None:
     assert _defines(module(vllm_src, parsers[0]), "make_arg_parser")
     envs = (vllm_src / "envs.py").read_text(encoding="utf-8")
     assert '"VLLM_RPC_BASE_PATH"' in envs  # the short folder of the server's IPC sockets
+    # The GPU server reads the device's memory without a CUDA context (vramgate.engine.arguments.engine_kwargs).
+    nvml = cls(module(vllm_src, "platforms/cuda.py"), "NvmlCudaPlatform")
+    assert "nvmlDeviceGetMemoryInfo" in attributes_read(method(nvml, "get_device_total_memory"))
 
 
 def test_the_benchmark_client_takes_the_options_and_gives_the_fields_the_gate_reads(vllm_src: Path) -> None:

@@ -4,12 +4,14 @@ for one :class:`~vramgate.engine.spec.EngineSpec`.
 It runs what ``vllm serve`` runs (``vllm.entrypoints.launchers.api_server.entry.main``: vLLM's own argument
 parser, its ``validate_parsed_serve_args`` and ``run_server``), with three things only this process can do first:
 
-- the engine arguments come from :func:`~vramgate.engine.arguments.llm_kwargs`, the one place that builds them for
-  every engine of the gate, turned into the server's command line (:func:`serve_argv`); on CPU the serving
-  configuration's ``cpu_memory_bytes`` becomes this NUMA node's fraction with vLLM's own reading of the node;
+- the engine arguments come from :func:`~vramgate.engine.arguments.engine_kwargs`, the one place that builds them
+  for every engine of the gate, turned into the server's command line (:func:`serve_argv`); on CPU the serving
+  configuration's ``cpu_memory_bytes`` becomes this NUMA node's fraction with vLLM's own reading of the node, on a
+  GPU the device's memory is read through NVML, so this process creates no CUDA context;
 - the model folder the server loads is written here (:func:`write_model_folder`): the fixture's ``config.json``
   and a word-level tokenizer over its vocabulary (Note [serving tokenizer]);
-- the server ends with the gate (Note [server outlives no gate]).
+- the server ends with the gate: stopped by it (SIGINT, then its process group), or, where the gate is killed
+  outright, by itself (Note [no child outlives its gate] in :mod:`vramgate.runtime.process`).
 
 Note [serving tokenizer]: the fixture models have no tokenizer, and vLLM's benchmark client needs one for its
 ``random`` and ``sharegpt`` datasets (with ``--skip-tokenizer-init`` only ``timed_trace`` runs). A
@@ -17,27 +19,20 @@ Note [serving tokenizer]: the fixture models have no tokenizer, and vLLM's bench
 config's ids), split on whitespace, makes every random prompt of N ids a text of N words that the server encodes
 back into the same N ids. Server and client load the same folder (``--tokenizer``), so the token counts the
 client reports are the engine's.
-
-Note [server outlives no gate]: the gate stops a server with SIGINT, then its whole process group
-(:mod:`vramgate.runtime.process`). A gate that is killed outright (SIGKILL, an out-of-memory kill, a runner that
-gives up) cannot; so a thread here watches its parent, and when the parent is gone it kills this process group:
-the API server and vLLM's engine core with it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
-import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from vramgate.engine.arguments import llm_kwargs
-from vramgate.engine.spec import EngineSpec, engine_tier, kv_budget_bytes
+from vramgate.engine.arguments import engine_kwargs
+from vramgate.engine.spec import EngineSpec
+from vramgate.runtime import process
 
 if __name__ == "__mp_main__":
     # A process vLLM spawned from this server (its engine core, the core's worker: vLLM's CPU platform spawns):
@@ -106,27 +101,13 @@ def write_model_folder(config_path: Path, out: Path) -> Path:
     return out
 
 
-def _end_with_parent() -> None:
-    """Kill this process group when the process that started this one is gone (Note [server outlives no
-    gate])."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os.killpg(os.getpgid(0), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="vramgate-parent-watch", daemon=True).start()
-
-
 def main(argv: list[str]) -> int:
     """Entry point: ``python -m vramgate.engine.api_server SERVER.json`` (``spec``, ``root``, ``config``,
     ``model_dir``, ``host``, ``port``, ``served_name``)."""
     if len(argv) != 1:
         print("usage: python -m vramgate.engine.api_server SERVER.json", file=sys.stderr)
         return 2
-    _end_with_parent()
+    process.end_with_parent()  # Note [no child outlives its gate]
     data = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     spec = EngineSpec.from_json(data["spec"], argv[0])
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget] in vramgate.engine.worker
@@ -134,21 +115,7 @@ def main(argv: list[str]) -> int:
 
     isa.apply_cap()  # Note [ISA cap]: before vLLM picks its kernel library
     model_dir = write_model_folder(Path(data["config"]), Path(data["model_dir"]))
-    node = device = None
-    if engine_tier() == "cpu":
-        if kv_budget_bytes(spec) is None:
-            from vramgate.engine.memory_decision import cpu_node_memory_bytes
-
-            node = cpu_node_memory_bytes()
-    elif kv_budget_bytes(spec) is not None:
-        # Only a fixed KV budget needs the device's size (Note [GPU utilization]); reading it initializes CUDA
-        # here, and vLLM then starts its engine core with spawn instead of fork.
-        import torch
-
-        from vramgate.engine.measure import device_total_bytes
-
-        device = device_total_bytes(torch)
-    kwargs = llm_kwargs(spec, model_dir, device, node)
+    kwargs = engine_kwargs(spec, model_dir, cuda_context=False)
     server_argv = serve_argv(kwargs, model_dir, host=data["host"], port=int(data["port"]),
                              served_name=data["served_name"], options=server_options())
     print("vllm serve " + " ".join(server_argv), flush=True)

@@ -1,7 +1,8 @@
 """The engine arguments of one run: the keyword arguments of ``vllm.LLM`` for an :class:`EngineSpec`, on
 either tier, and the start-up ``gpu_memory_utilization`` a GPU engine asks for (Note [GPU utilization]).
 
-Imports neither torch nor vLLM: the gate's own tests check these arguments without an engine.
+Imports neither torch nor vLLM at import time: the gate's own tests check these arguments without an engine.
+:func:`engine_kwargs`, called inside an engine's own process, reads there what only that process can.
 """
 
 from __future__ import annotations
@@ -97,3 +98,30 @@ def _automatic_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int
         kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
     kwargs.update(spec.engine_args)
     return kwargs
+
+
+def engine_kwargs(spec: EngineSpec, model_dir: Path, *, cuda_context: bool = True) -> dict[str, Any]:
+    """:func:`llm_kwargs` with what only the engine's own process can read: on a GPU the device's memory, for a
+    CPU spec without a KV budget the NUMA node's (Note [automatic KV] in :mod:`vramgate.engine.memory_decision`).
+
+    *cuda_context* False reads the device's memory through vLLM's platform (NVML) instead of torch, so that this
+    process creates no CUDA context: vLLM's API server process, whose engine core holds the device (a context
+    there would take device memory the engine sizes its KV cache from, and make vLLM spawn the core)."""
+    from vramgate.engine.spec import engine_tier
+
+    if engine_tier() == "gpu":
+        if cuda_context:
+            import torch
+
+            from vramgate.engine.measure import device_total_bytes
+
+            return llm_kwargs(spec, model_dir, device_total_bytes(torch))
+        from vllm.platforms import current_platform
+
+        return llm_kwargs(spec, model_dir, int(current_platform.get_device_total_memory(0)))
+    node = None
+    if kv_budget_bytes(spec) is None:
+        from vramgate.engine.memory_decision import cpu_node_memory_bytes
+
+        node = cpu_node_memory_bytes()
+    return llm_kwargs(spec, model_dir, None, node)

@@ -7,8 +7,8 @@ with vLLM's files in the run's folder and its log kept there. :meth:`ApiServer.s
 a timeout, and fails with the reason and the log's tail when the server exits first (a port taken, a bad engine
 argument, an out-of-memory kill) or does not come up in time. :meth:`ApiServer.stop` sends SIGINT (uvicorn and
 vLLM shut down cleanly on it), waits, then ends the whole process group (vLLM's engine core with it). A gate that
-dies without stopping it leaves nothing either (Note [server outlives no gate] in
-:mod:`vramgate.engine.api_server`).
+dies without stopping it leaves nothing either (Note [no child outlives its gate] in
+:mod:`vramgate.runtime.process`).
 """
 
 from __future__ import annotations

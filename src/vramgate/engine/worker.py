@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vramgate._moved import forwarding
-from vramgate.engine.arguments import llm_kwargs
+from vramgate.engine.arguments import engine_kwargs
 from vramgate.engine.measure import (
     PLANT_WEIGHT_BYTES_ENV,
     StepTimer,
-    device_total_bytes,
     engine_versions,
     percentiles,
     plant_weight_bytes,
@@ -49,7 +48,6 @@ from vramgate.engine.measure import (
     worker_memory_history_start,
 )
 from vramgate.engine.memory_decision import (
-    cpu_node_memory_bytes,
     decide,
     install_hooks,
     worker_load_peak,
@@ -60,6 +58,7 @@ from vramgate.machine import isa
 from vramgate.machine.probes import memory_history
 from vramgate.models.config import load_model
 from vramgate.models.vllm_kv import inspection_in_process
+from vramgate.runtime import process
 from vramgate.store.files import atomic_write_text
 from vramgate.workloads import build
 
@@ -82,7 +81,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     on_gpu = torch.cuda.is_available()
     automatic = kv_budget_bytes(spec) is None  # Note [automatic KV] in vramgate.engine.memory_decision
-    kwargs = _engine_kwargs(spec, shape.path.parent, torch)
+    kwargs = engine_kwargs(spec, shape.path.parent)
     if automatic:
         install_hooks()
     history = history_dir is not None and on_gpu
@@ -216,29 +215,6 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     }
 
 
-def _engine_kwargs(spec: EngineSpec, model_dir: Path, torch: Any) -> dict[str, Any]:
-    """:func:`~vramgate.engine.arguments.llm_kwargs` with what only the engine's process can read: the device's
-    memory and, for a CPU spec without a KV budget, the NUMA node's (Note [automatic KV])."""
-    on_cpu = not torch.cuda.is_available()
-    node = cpu_node_memory_bytes() if on_cpu and kv_budget_bytes(spec) is None else None
-    return llm_kwargs(spec, model_dir, device_total_bytes(torch), node)
-
-
-def _exit_with_parent() -> None:
-    """End this process when the one that started it goes away (a server must not outlive its gate run)."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    threading.Thread(target=watch, name="vramgate-parent-watch", daemon=True).start()
-
-
 def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     """Keep one engine up and run the spec's workload once per ``round N`` line on stdin.
 
@@ -248,9 +224,8 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     writes ``ready.json`` into *control*; each round writes ``round-N.json``
     (per-request latencies, engine step durations, wall time); ``quit`` ends it.
     """
-    _exit_with_parent()
+    process.end_with_parent()  # Note [no child outlives its gate] in vramgate.runtime.process
     delay = planted_delay()  # a bad value fails before the engine starts
-    import torch
     from vllm import LLM, SamplingParams
 
     shape = load_model(root, spec.model)
@@ -258,7 +233,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
     with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
-        llm = LLM(**_engine_kwargs(spec, shape.path.parent, torch))
+        llm = LLM(**engine_kwargs(spec, shape.path.parent))
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:

@@ -99,6 +99,30 @@ def session_pids() -> set[int]:
     return alive | {kid for pid in alive for kid in children(pid)}
 
 
+def end_with_parent() -> None:
+    """In a child of the gate: end this process, and its process group where it leads one, when the process that
+    started it is gone (a thread polls the parent's pid every 0.5 s).
+
+    Note [no child outlives its gate]: the gate ends its children's groups itself (Note [process groups]), but a
+    gate that is killed outright (SIGKILL, an out-of-memory kill, a CI timeout's SIGTERM) runs no finalizer. A
+    child that serves (an engine kept up for paired rounds, vLLM's API server with its engine core) would then run
+    on; so it watches its parent and, when the parent is gone, kills its own group (every child the gate starts
+    leads one), taking what it started with it."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                if os.getpgid(0) == os.getpid():
+                    os.killpg(os.getpid(), signal.SIGKILL)
+                os._exit(3)
+
+    threading.Thread(target=watch, name="vramgate-parent-watch", daemon=True).start()
+
+
 def signal_group(proc: Child, sig: signal.Signals) -> None:
     """Send *sig* to *proc*'s process group; nothing when the group is gone."""
     if proc.pid <= 0:  # never this process's own group

@@ -6,8 +6,8 @@ test asks for a spec (its profile applied, ``--gate-profile`` as for engine runs
 later test of the session (of the pytest-xdist worker) that asks for it. A server that failed to start fails
 every test that asks for it with the same error, without starting again; a server that dies while a test uses
 it fails that test and is dropped, so the next test gets a fresh one. All are stopped when the session ends, and
-a session that is killed outright leaves none (Note [server outlives no gate] in
-:mod:`vramgate.engine.api_server`).
+a session that is killed outright leaves none (Note [no child outlives its gate] in
+:mod:`vramgate.runtime.process`).
 """
 
 from __future__ import annotations
