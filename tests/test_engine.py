@@ -108,10 +108,7 @@ def test_timeout_kills_the_whole_process_group(fake_worker: Path, tmp_path: Path
     with pytest.raises(EngineError, match="timed out after 8 s and was killed") as info:
         _run(fake_worker, tmp_path, code, timeout=8)
     assert "engine core started" in str(info.value)
-    # SIGKILL reached the whole group; a killed grandchild may still be exiting for a moment on a loaded machine.
-    deadline = time.monotonic() + 10
-    while _workers() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # SIGKILL reached the whole group, and the runner returned only once its last member was gone.
     assert _workers() == []
 
 

@@ -32,6 +32,9 @@ LOG_TAIL_LINES = 60
 KILL_GRACE_S = 10.0
 #: Seconds to wait for a child to be reaped after SIGKILL.
 REAP_S = 10.0
+#: Seconds to wait, after SIGKILL, for the last member of a child's process group to be gone (Note [a group
+#: is gone when its last member is]).
+GROUP_GONE_S = 30.0
 
 
 def pythonpath(env: Mapping[str, str], first: Iterable[Path] = ()) -> str:
@@ -131,9 +134,32 @@ def signal_group(proc: Child, sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
+def await_groups_gone(pgids: Iterable[int], bound_s: float = GROUP_GONE_S) -> list[int]:
+    """Wait, up to *bound_s*, until no live process (zombies do not count) is left in any of the process groups
+    *pgids*; the pids still there at the bound (none when every group is gone).
+
+    Note [a group is gone when its last member is]: a group's leader exiting, and SIGKILL sent to the group, do
+    not mean its other members are gone. vLLM's tensor-parallel workers sit in the engine's group and notice
+    their parent's death through a pipe; a process killed while it holds GPU memory is alive until the driver
+    has torn its context down. A caller that reads the GPU or the memory next (the GPU-state guard's "after"
+    reading, hygiene) would see them, so every way of ending a child waits for its whole group."""
+    from vramgate.machine.probes.cpu import group_members
+
+    groups = [pgid for pgid in pgids if pgid > 0]
+    deadline = time.monotonic() + bound_s
+    delay = 0.005
+    while True:
+        left = [pid for pgid in groups for pid in group_members(pgid)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(delay)
+        delay = min(0.2, delay * 2)
+
+
 def kill_groups(procs: Iterable[Child], grace_s: float | None = None) -> None:
     """End every one of *procs*' process groups: SIGTERM, up to *grace_s* (default :data:`KILL_GRACE_S`) for
-    them all to exit, then SIGKILL (a group may hold children even when its leader is gone); reap them."""
+    them all to exit, then SIGKILL (a group may hold children even when its leader is gone); reap them, and
+    wait until no member of any of the groups is left (Note [a group is gone when its last member is])."""
     procs = list(procs)
     grace = KILL_GRACE_S if grace_s is None else grace_s
     for proc in procs:
@@ -147,6 +173,7 @@ def kill_groups(procs: Iterable[Child], grace_s: float | None = None) -> None:
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired, preloading.PreloadError):
             proc.wait(timeout=REAP_S)
+    await_groups_gone(proc.pid for proc in procs)
 
 
 def kill_group(proc: Child, grace_s: float | None = None) -> None:
@@ -159,7 +186,8 @@ def wait_or_kill(proc: Child, timeout_s: float | None,
     """*proc*'s exit status, or None when it ran past *timeout_s* (None: no limit) and its group was killed.
 
     Whatever happens (an exit, a timeout, an interrupt of this process) the group is ended on the way out:
-    the child's own children go with it.
+    the child's own children go with it, and this returns only when the last of them is gone (Note [a group is
+    gone when its last member is]).
     """
     try:
         return proc.wait(timeout=timeout_s)
@@ -171,6 +199,7 @@ def wait_or_kill(proc: Child, timeout_s: float | None,
         raise
     finally:
         signal_group(proc, signal.SIGKILL)
+        await_groups_gone([proc.pid])
 
 
 def describe_exit(status: int) -> str:
