@@ -121,3 +121,20 @@ def test_unpaired_latency_takes_the_calibrated_tolerance_on_each_tier(monkeypatc
         assert module.TOLERANCE == expected, path
         if hasattr(module, "TTFT_TOLERANCE"):
             assert module.TTFT_TOLERANCE == {"cpu": 3.0, "gpu": 0.3}[tier], path
+
+
+@pytest.mark.parametrize(("tier", "device", "runs"), [("cpu", "cpu", True), ("gpu", "cpu", False),
+                                                       ("gpu", "cuda", True), ("cpu", "cuda", False)])
+def test_a_linear_kernel_case_runs_only_on_the_tier_whose_kernels_it_needs(
+        monkeypatch: pytest.MonkeyPatch, tier: str, device: str, runs: bool) -> None:
+    """Note [linear kernels by platform]: the quantization suite's CPU case would call the CUDA build's Marlin
+    repacking on CPU tensors; on the GPU tier it is skipped with the reason."""
+    from vramgate.machine import isa
+    from vramgate.testing import linear_kernel_problem, quantization
+
+    monkeypatch.setattr(quantization, "engine_tier", lambda: tier)
+    monkeypatch.setattr(isa, "kernel_problem", lambda kernel, found: None)
+    problem = linear_kernel_problem(device)
+    assert (problem is None) == runs, problem
+    if tier == "gpu" and device == "cpu":
+        assert problem is not None and "picks its linear kernels by platform" in problem

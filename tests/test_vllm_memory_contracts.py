@@ -212,3 +212,24 @@ def test_every_ipc_socket_is_named_under_vllm_rpc_base_path(vllm_src: Path) -> N
     assert fn and "VLLM_RPC_BASE_PATH" in attributes_read(fn[0])
     for user in ("distributed/device_communicators/shm_broadcast.py", "v1/engine/utils.py"):
         assert "get_open_zmq_ipc_path" in calls(module(vllm_src, user)), user
+
+
+def test_mixed_precision_kernels_are_chosen_by_platform_and_cuda_has_no_cpu_kernel(vllm_src: Path) -> None:
+    """Note [linear kernels by platform] (vramgate.testing.quantization): vLLM's 4-bit linear methods choose their
+    kernel from the platform's list (``_POSSIBLE_KERNELS[current_platform._enum]``), never from the tensors'
+    device, and the CUDA list holds no CPU kernel: the quantization suite's CPU case cannot run on the GPU tier."""
+    tree = module(vllm_src, "model_executor/kernels/linear/__init__.py")
+    table = next(node for node in tree.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                 and node.target.id == "_POSSIBLE_KERNELS")
+    assert isinstance(table.value, ast.Dict)
+    kernels = {ast.unparse(k): {ast.unparse(e) for e in v.elts} for k, v in zip(table.value.keys, table.value.values)
+               if k is not None and isinstance(v, ast.List)}
+    assert "CPUWNA16LinearKernel" in kernels["PlatformEnum.CPU"]
+    assert {"MarlinLinearKernel", "MacheteLinearKernel"} <= kernels["PlatformEnum.CUDA"]
+    assert not {k for k in kernels["PlatformEnum.CUDA"] if "CPU" in k}
+    choose = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
+                  and node.name == "choose_mp_linear_kernel")
+    assert "_POSSIBLE_KERNELS.get(current_platform._enum, [])" in ast.unparse(choose)
+    assert "device" not in {a.arg for a in choose.args.args}
+    for name in ("auto_awq.py", "auto_gptq.py", "compressed_tensors/schemes/compressed_tensors_wNa16.py"):
+        assert "choose_mp_linear_kernel" in calls(module(vllm_src, f"model_executor/layers/quantization/{name}")), name

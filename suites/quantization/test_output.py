@@ -31,7 +31,7 @@ import pytest
 from vramgate import Gate
 from vramgate.models.quant import layout
 from vramgate.profiles import Profile
-from vramgate.testing import Checkpoints, checkpoint_of
+from vramgate.testing import Checkpoints, checkpoint_of, linear_kernel_problem
 
 DEVICE = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.requires_gpus(1))]
 #: Relative error (Frobenius) of the kernel's output against the dequantized fp32 reference.
@@ -116,12 +116,9 @@ def test_quantized_linear_output(gate: Gate, checkpoints: Checkpoints, vllm_laye
 
     from vramgate.models.checkpoints import dequantize, reference_weights
 
-    if device == "cpu":
-        from vramgate.machine import isa
-
-        problem = isa.kernel_problem("wna16", isa.effective_isa())
-        if problem:
-            pytest.skip(f"not on this machine: {problem}")
+    problem = linear_kernel_problem(device)
+    if problem:
+        pytest.skip(f"not on this machine: {problem}")
     ck_format = checkpoint_of(profile)
     ck = checkpoints.get(ck_format.format, ck_format.group_size)
     stored = load_file(str(ck.path / "model.safetensors"))

@@ -19,7 +19,7 @@ from vramgate.testing.engines import (
 from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, session_matrix
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem
-from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of
+from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of, linear_kernel_problem
 from vramgate.testing.serving import Servers, paired_burst, rate_load, sustained_loads, workload_trace
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
@@ -40,6 +40,7 @@ __all__ = [
     "apply_budgets",
     "check_claims",
     "checkpoint_of",
+    "linear_kernel_problem",
     "matrix_params",
     "paired_burst",
     "rate_load",

