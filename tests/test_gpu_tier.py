@@ -134,6 +134,34 @@ def test_install_check_refuses_a_cpu_torch_and_an_old_driver() -> None:
     assert gpu_torch_problem(None, None, False, None) == "torch is not installed"
 
 
+
+def test_install_check_imports_vllms_cuda_extension(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A torch==2.13.0+cu128 satisfies vLLM's pin and sees the GPU, but vLLM 0.32.0's extension needs
+    libcudart.so.13: the check imports the extension in the environment it made and says why it fails."""
+    from vramgate.tools import install
+
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / "vllm" / "_C_stable_libtorch.py").write_text(
+        "raise ImportError('libcudart.so.13: cannot open shared object file: No such file or directory')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    error = install.extension_error()
+    assert error is not None and "libcudart.so.13" in error
+    problem = install.gpu_extension_problem(error, "2.13.0+cu128", "12.8")
+    assert problem is not None and "vllm._C_stable_libtorch cannot be imported" in problem and "CUDA 12.8" in problem
+    monkeypatch.setattr(install, "torch_facts", lambda python=None: {"version": "2.13.0+cu128", "cuda": "12.8",
+                                                                      "available": True})
+    monkeypatch.setattr(install, "driver_cuda_or_none", lambda: "13.0")
+    with pytest.raises(SystemExit, match="libcudart.so.13"):
+        install.check_gpu_torch(sys.executable)
+    (site / "vllm" / "_C_stable_libtorch.py").write_text("")
+    assert install.extension_error() is None
+    install.check_gpu_torch(sys.executable)
+    assert "vllm._C_stable_libtorch imports" in capsys.readouterr().out
+
+
 # -- the dry run: what a GPU runner would run and skip ----------------------------------------------------------
 
 PLAN_TESTS = """

@@ -233,3 +233,13 @@ def test_mixed_precision_kernels_are_chosen_by_platform_and_cuda_has_no_cpu_kern
     assert "device" not in {a.arg for a in choose.args.args}
     for name in ("auto_awq.py", "auto_gptq.py", "compressed_tensors/schemes/compressed_tensors_wNa16.py"):
         assert "choose_mp_linear_kernel" in calls(module(vllm_src, f"model_executor/layers/quantization/{name}")), name
+
+
+def test_the_cuda_platform_imports_the_extension_the_install_check_imports(vllm_src: Path) -> None:
+    """vramgate.tools.install.GPU_EXTENSION is what vLLM's CUDA platform imports at module level: an environment
+    where it does not import cannot start a GPU engine."""
+    from vramgate.tools.install import GPU_EXTENSION
+
+    tree = module(vllm_src, "platforms/cuda.py")
+    top = {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    assert GPU_EXTENSION in top

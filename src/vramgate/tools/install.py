@@ -39,7 +39,7 @@ from urllib.parse import urlparse
 
 from vramgate import TORCH_CPU_VERSION as TORCH_CPU
 from vramgate import VLLM_VERSION
-from vramgate.machine.software import distribution_version, same_interpreter
+from vramgate.machine.software import distribution_version
 
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 CPU_INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
@@ -157,16 +157,45 @@ def _major_minor(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def torch_facts() -> dict[str, Any]:
-    """The installed torch's version, CUDA build and whether it sees a GPU, read in a fresh interpreter (this
-    one need not import torch); :class:`RuntimeError` with the import's error when torch cannot be imported."""
+def torch_facts(python: str | None = None) -> dict[str, Any]:
+    """The torch of *python* (default: this interpreter): its version, CUDA build and whether it sees a GPU, read
+    in a fresh interpreter (this one need not import torch); :class:`RuntimeError` with the import's error when
+    torch cannot be imported."""
     script = ("import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
               "'available': torch.cuda.is_available()}))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    out = subprocess.run([python or sys.executable, "-c", script], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"torch cannot be imported: {out.stderr.strip()[-2000:]}")
     info: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return info
+
+
+#: The compiled extension vLLM's CUDA platform imports first (``vllm/platforms/cuda.py``, 0.31.0-0.33.0): it links
+#: against the CUDA runtime vLLM was built for, so it is what fails when torch's CUDA build differs (a
+#: ``torch==2.13.0+cu128`` satisfies vLLM's ``torch==2.13.0`` pin, but vLLM 0.32.0 needs ``libcudart.so.13``).
+GPU_EXTENSION = "vllm._C_stable_libtorch"
+
+
+def extension_error(python: str | None = None, module: str = GPU_EXTENSION) -> str | None:
+    """The error *python* (default: this interpreter) gives importing *module* (its last lines), None when it
+    imports."""
+    out = subprocess.run([python or sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    if out.returncode == 0:
+        return None
+    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-3:]) or f"exited with status {out.returncode}"
+
+
+def gpu_extension_problem(error: str | None, torch_version: str, torch_cuda: str | None,
+                          module: str = GPU_EXTENSION) -> str | None:
+    """Why vLLM's compiled CUDA extension cannot run, from the *error* importing it gave (None: it imported)."""
+    if error is None:
+        return None
+    hint = ""
+    if "libcudart.so" in error or "libcuda" in error or "undefined symbol" in error:
+        hint = (f"; torch {torch_version} is built for CUDA {torch_cuda}, which is not the CUDA vLLM was built for: "
+                "reinstall torch from PyTorch's index for vLLM's CUDA (vLLM 0.32.0: CUDA 13, .../whl/cu130)")
+    return f"vLLM's compiled extension {module} cannot be imported: {error}{hint}"
 
 
 def driver_cuda_or_none() -> str | None:
@@ -179,18 +208,21 @@ def driver_cuda_or_none() -> str | None:
         return None
 
 
-def check_gpu_torch() -> None:
-    """Exit with a message when the installed torch cannot run the GPU tier (see :func:`gpu_torch_problem`)."""
+def check_gpu_torch(python: str | None = None) -> None:
+    """Exit with a message when the torch of *python* (default: this interpreter) cannot run the GPU tier (see
+    :func:`gpu_torch_problem`), or vLLM's compiled CUDA extension cannot be imported there
+    (:func:`gpu_extension_problem`)."""
     try:
-        info = torch_facts()
+        info = torch_facts(python)
     except RuntimeError as exc:
         sys.exit(f"vramgate install-engine: after installing vllm, {exc}")
     driver = driver_cuda_or_none()
     problem = gpu_torch_problem(info["version"], info["cuda"], bool(info["available"]), driver)
+    problem = problem or gpu_extension_problem(extension_error(python), info["version"], info["cuda"])
     if problem:
         sys.exit(f"vramgate install-engine: {problem}")
     print(f"vramgate install-engine: torch {info['version']} with CUDA {info['cuda']} sees a GPU"
-          + (f" (driver supports CUDA {driver})" if driver else ""))
+          + (f" (driver supports CUDA {driver})" if driver else "") + f", and {GPU_EXTENSION} imports")
 
 
 def install_gpu(vllm: str = VLLM_VERSION, python: str | None = None) -> None:
@@ -204,8 +236,7 @@ def install_gpu(vllm: str = VLLM_VERSION, python: str | None = None) -> None:
         print(f"vramgate install-engine: vllm {vllm} already installed")
     elif pip("install", f"vllm=={vllm}", "nvidia-ml-py", python=python) != 0:
         sys.exit(f"vramgate install-engine: pip could not install vllm=={vllm}")
-    if python is None or same_interpreter(python, sys.executable):
-        check_gpu_torch()
+    check_gpu_torch(python)
 
 
 def make_venv(folder: Path) -> str:

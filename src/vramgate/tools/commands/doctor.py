@@ -20,7 +20,14 @@ def register(sub: Subparsers) -> None:
 
 def doctor_facts() -> list[tuple[str, str, bool]]:
     """(what, finding, fine) for the things a first gate run on this machine depends on."""
-    from vramgate.tools.install import driver_cuda_or_none, gpu_torch_problem, torch_facts, version
+    from vramgate.tools.install import (
+        driver_cuda_or_none,
+        extension_error,
+        gpu_extension_problem,
+        gpu_torch_problem,
+        torch_facts,
+        version,
+    )
 
     facts: list[tuple[str, str, bool]] = []
     fp = hardware.detect()
@@ -40,7 +47,8 @@ def doctor_facts() -> list[tuple[str, str, bool]]:
     except RuntimeError:
         facts.append(("torch", "not importable: kernel suites skip", tier is None))
     else:
-        problem = gpu_torch_problem(info["version"], info["cuda"], bool(info["available"]), driver) \
+        problem = (gpu_torch_problem(info["version"], info["cuda"], bool(info["available"]), driver)
+                   or gpu_extension_problem(extension_error(), info["version"], info["cuda"])) \
             if tier == "gpu" else None
         facts.append(("torch", problem or f"{info['version']} (CUDA {info['cuda'] or 'none'}; GPU usable: "
                       f"{info['available']})", problem is None))
