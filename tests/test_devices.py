@@ -138,3 +138,30 @@ def test_handle_names_what_is_visible(host: Any, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(devices.NotVisible, match=r"CUDA_VISIBLE_DEVICES='': 0 device\(s\) visible"):
         devices.handle(host, 0)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, None), ("3,1", "3,1"), (" 1 , 0 ", "1,0"), ("0,7,1", "0"),
+    ("GPU-3eb", "GPU-3ebfb1bd-1111-2222-3333-444455556666"),
+    ("gpu-3EB,0", "GPU-3ebfb1bd-1111-2222-3333-444455556666,0"),
+    ("MIG-5c89852c", MIG.uuid),
+    ("GPU-ffff", "GPU-ffff"),  # names no device: left as it is, the engine fails as CUDA would
+])
+def test_engines_get_the_devices_cuda_sees_with_full_uuids(value: str | None, expected: str | None) -> None:
+    """Note [full UUIDs for vLLM]: vLLM looks a non-index entry up with nvmlDeviceGetHandleByUUID, which needs the
+    full UUID, and splits the value past where CUDA stops."""
+    assert devices.engine_value(value, PHYSICAL) == expected
+
+
+def test_an_engines_environment_names_its_gpus_by_full_uuid(host: Any, monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Any) -> None:
+    from vramgate.engine import EngineSpec
+    from vramgate.engine.runner import engine_env
+
+    spec = EngineSpec(model="tiny-llama")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-3eb,GPU-1c9")
+    assert engine_env(spec, tmp_path)["CUDA_VISIBLE_DEVICES"] == f"{HOST[3].uuid},{HOST[1].uuid}"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert engine_env(spec, tmp_path)["CUDA_VISIBLE_DEVICES"] == "2,0"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert "CUDA_VISIBLE_DEVICES" not in engine_env(spec, tmp_path)

@@ -243,3 +243,12 @@ def test_the_cuda_platform_imports_the_extension_the_install_check_imports(vllm_
     tree = module(vllm_src, "platforms/cuda.py")
     top = {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     assert GPU_EXTENSION in top
+
+
+def test_vllm_looks_a_device_entry_that_is_no_index_up_by_full_uuid(vllm_src: Path) -> None:
+    """Note [full UUIDs for vLLM] (vramgate.machine.devices): vLLM's CUDA platform maps a CUDA_VISIBLE_DEVICES
+    entry that is not an index through nvmlDeviceGetHandleByUUID, and splits the whole value on commas."""
+    nvml = cls(module(vllm_src, "platforms/cuda.py"), "NvmlCudaPlatform")
+    assert "nvmlDeviceGetHandleByUUID" in calls(method(nvml, "device_control_id_to_physical_device_id"))
+    base = cls(module(vllm_src, "platforms/interface.py"), "Platform")
+    assert "device_control_env.split(',')" in ast.unparse(method(base, "visible_device_id_to_physical_device_id"))

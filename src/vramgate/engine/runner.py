@@ -34,6 +34,7 @@ from vramgate.engine.spec import (
     kv_need,
     validate,
 )
+from vramgate.machine import devices
 from vramgate.models.config import ModelConfigError
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
@@ -148,6 +149,10 @@ def engine_env(
     # gate's NVML readings name (Note [CUDA_VISIBLE_DEVICES] in vramgate.machine.devices).
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     env.update(spec.env)
+    # vLLM takes full GPU UUIDs only (Note [full UUIDs for vLLM] in vramgate.machine.devices).
+    visible = devices.engine_visible_devices(env.get(devices.ENV))
+    if visible is not None:
+        env[devices.ENV] = visible
     env["PYTHONPATH"] = process.pythonpath(env, first=extra_pythonpath or ())
     return env
 

@@ -17,6 +17,14 @@ entry that is empty, malformed, or names no device: ``0,,1`` and ``0,7,1`` on a
 host with two GPUs are device 0 only, and a device listed twice ends the list
 there too. Unset: every device; set but empty (or stopping at its first
 entry): none.
+
+Note [full UUIDs for vLLM]: vLLM maps an entry that is not an index through
+NVML's ``nvmlDeviceGetHandleByUUID`` (``platforms/cuda.py``,
+``device_control_id_to_physical_device_id``), which takes a full UUID only; it
+also splits the whole value, past the entry where CUDA stops. So every engine
+the gate starts gets the value rewritten to what CUDA sees
+(:func:`engine_value`): the devices CUDA resolves, an index as an index and a
+UUID prefix as its full UUID.
 """
 
 from __future__ import annotations
@@ -91,6 +99,41 @@ def _lookup(entry: str, physical: list[Physical]) -> Visible | None:
         gpus = [p for p in physical if p.uuid.lower().startswith(lowered)]
         return Visible(-1, gpus[0].nvml_index, gpus[0].uuid) if len(gpus) == 1 else None
     return None
+
+
+def engine_value(value: str | None, physical: list[Physical]) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a vLLM engine (Note [full UUIDs for vLLM]): the devices CUDA would see under
+    *value*, indices as given and UUIDs (or their prefixes) in full; *value* itself when it is unset or names no
+    device (an engine then fails as CUDA would)."""
+    listed = entries(value)
+    visible = resolve(value, physical)
+    if listed is None or not visible:
+        return value
+    return ",".join(entry if _INDEX.fullmatch(entry) else device.uuid for entry, device in zip(listed, visible))
+
+
+def needs_rewrite(value: str | None) -> bool:
+    """Whether *value* has an entry vLLM may not take as it is (a UUID or a prefix of one): only then need NVML
+    be read to give an engine its value."""
+    listed = entries(value)
+    return listed is not None and any(not _INDEX.fullmatch(e) for e in listed if e)
+
+
+def engine_visible_devices(value: str | None) -> str | None:
+    """:func:`engine_value` of *value* against this host's NVML devices; *value* unchanged where it holds indices
+    only or NVML cannot be read (:class:`~vramgate.machine.probes.nvml.NVMLUnavailable` is not raised)."""
+    if not needs_rewrite(value):
+        return value
+    from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
+
+    try:
+        nvml = open_nvml()
+    except NVMLUnavailable:
+        return value
+    try:
+        return engine_value(value, physical_devices(nvml))
+    finally:
+        nvml.nvmlShutdown()
 
 
 def _text(value: Any) -> str:
