@@ -203,3 +203,46 @@ def test_a_model_without_a_weight_model_still_gets_engine_arguments(tmp_path: Pa
     (tmp_path / "config.json").write_text('{"model_type": "mamba", "hidden_size": 8}')
     kwargs = llm_kwargs(SPEC, tmp_path, device_total_bytes=80 * GIB)
     assert kwargs["gpu_memory_utilization"] == pytest.approx((GIB // 4 + GPU_HEADROOM_BYTES) / (80 * GIB), abs=1e-4)
+
+
+# -- the hardware key counts the GPUs a test uses ------------------------------------------------------------------
+
+KEY_TESTS = """
+import pytest
+
+def test_one_gpu(gate):
+    gate.record("peak_bytes", 100, unit="B", scope="machine")
+
+@pytest.mark.requires_gpus(4)
+def test_four_gpus(gate):
+    gate.record("peak_bytes", 400, unit="B", scope="machine")
+"""
+
+
+def test_a_tests_baselines_are_keyed_by_the_gpus_it_uses(pytester: pytest.Pytester,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [GPUs a test uses]: on an 8xH100 box a single-GPU test reads and writes the ``-x1`` baselines, a
+    requires_gpus(4) test the ``-x4`` ones; each file's hardware names the GPUs its tests used."""
+    import json
+
+    h100 = hardware.GPUInfo("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))
+    monkeypatch.setattr(hardware, "probe_gpus", lambda: ((h100,) * 8, "580.1", "13.0"))
+    pytester.makepyfile(test_keys=KEY_TESTS)
+    plan = pytester.runpytest("--collect-only", "--gate-plan", "-v", "-p", "no:cacheprovider")
+    plan.stdout.fnmatch_lines([
+        "vramgate plan: hardware nvidia-h100-80gb-hbm3-80gb-x8 (tier cuda)*",
+        "*test_keys.py::test_one_gpu [[]nvidia-h100-80gb-hbm3-80gb-x1[]]: compares nothing*",
+        "*test_keys.py::test_four_gpus [[]nvidia-h100-80gb-hbm3-80gb-x4[]]: compares nothing*",
+    ])
+    pytester.runpytest("--gate-update", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    one = json.loads((pytester.path / "baselines" / "nvidia-h100-80gb-hbm3-80gb-x1" / "keys.json").read_text())
+    four = json.loads((pytester.path / "baselines" / "nvidia-h100-80gb-hbm3-80gb-x4" / "keys.json").read_text())
+    assert list(one["tests"]) == ["test_keys.py::test_one_gpu"] and len(one["hardware"]["gpus"]) == 1
+    assert list(four["tests"]) == ["test_keys.py::test_four_gpus"] and len(four["hardware"]["gpus"]) == 4
+    assert not (pytester.path / "baselines" / "nvidia-h100-80gb-hbm3-80gb-x8").exists()
+    result = pytester.runpytest("-p", "no:cacheprovider", "--gate-require-hardware")
+    result.assert_outcomes(passed=2)
+    # an overridden key names the whole machine: every test reads it
+    plan = pytester.runpytest("--collect-only", "--gate-plan", "-v", "--gate-hardware", "my-box",
+                              "-p", "no:cacheprovider")
+    plan.stdout.fnmatch_lines(["*test_four_gpus [[]my-box[]]*"])

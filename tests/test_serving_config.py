@@ -149,10 +149,11 @@ def test_the_plan_lists_the_serving_cases_and_what_they_would_record(pytester: p
     out = result.stdout.str()
     assert "baselines under nvidia-h100-80gb-x1" in out, out
     if "tiny-llama-bs16" in out:  # no vLLM here: the engine tier is gpu
-        assert "serving_capacity: 2 test(s), 0 compare stored metrics, 2 have none; would record capacity_tokens, " \
+        assert "serving_capacity: 2 test(s) under nvidia-h100-80gb-x1, 0 compare stored metrics, 2 have none; " \
+               "would record capacity_tokens, " \
                "cudagraph_bytes, cudagraph_estimate_bytes, kv_cache_bytes" in out, out
     else:  # the CPU build of vLLM: the cpu entries
-        assert "test_serving_kv_capacity[tiny-llama-bs32]: compares nothing" in out, out
+        assert "test_serving_kv_capacity[tiny-llama-bs32] [nvidia-h100-80gb-x1]: compares nothing" in out, out
 
 
 def test_the_decision_record_round_trips() -> None:

@@ -6,7 +6,9 @@ at the CPU (``/proc/cpuinfo``). Keys are short, lower-case and stable:
 
 - GPU: ``<name>-<memory GiB>gb-x<count>``, e.g. ``nvidia-h200-141gb-x1``
   (driver and CUDA versions are recorded in the fingerprint, not the key: a
-  driver update should be reported, not orphan every baseline).
+  driver update should be reported, not orphan every baseline). The count is
+  the number of GPUs a test uses, not the number the box has (Note [GPUs a test
+  uses]).
 - CPU: ``cpu-<arch>-<ISA class>-<model name>``, e.g. ``cpu-x86_64-avx512-bf16-amd-epyc``. The ISA
   class (:mod:`vramgate.machine.isa`) decides which kernels vLLM, torch and
   oneDNN run, so two CPUs of one model name but another class get two keys.
@@ -70,6 +72,21 @@ class Fingerprint:
     def tier(self) -> str:
         """The tier key portable metrics are stored under: ``cuda`` or ``cpu``."""
         return TIER_KEYS[0] if self.device == "cuda" else TIER_KEYS[1]
+
+    def for_gpus(self, count: int) -> Fingerprint:
+        """This fingerprint as a test that uses *count* GPUs sees it (Note [GPUs a test uses]): the first *count*
+        visible GPUs and their key; itself on a CPU fingerprint, under an overridden key (``--gate-hardware``
+        names the whole machine), or where *count* is not fewer than the GPUs visible.
+
+        Note [GPUs a test uses]: a test's figures belong to the GPU class and the number of GPUs the test runs
+        on: a single-GPU engine run on one H200 of an 8-GPU box measures what it measures on a 1-GPU box, and a
+        tensor-parallel run of 4 what it measures on any box of 4 or more. So a GPU test's machine-bound
+        baselines are keyed ``<class>-x<GPUs it uses>`` (``requires_gpus(n)``, else 1): an 8xH200 runner reads
+        the ``nvidia-h200-140gb-x1`` baselines for its single-GPU tests and ``-x4`` for its TP=4 ones."""
+        if self.device != "cuda" or self.source != "detected" or not 0 < count < len(self.gpus):
+            return self
+        gpus = self.gpus[:count]
+        return Fingerprint(**{**self.__dict__, "key": gpu_key(gpus), "gpus": gpus})
 
     def to_json(self) -> dict[str, Any]:
         """This fingerprint as JSON data (capabilities and flags as lists), with its tier."""

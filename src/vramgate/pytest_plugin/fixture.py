@@ -22,9 +22,12 @@ class Gate:
     with one message that lists every metric that falls short.
     """
 
-    def __init__(self, nodeid: str, suite: str) -> None:
+    def __init__(self, nodeid: str, suite: str, gpus: int = 1) -> None:
         self.nodeid = nodeid
         self.suite = suite
+        self.gpus = gpus
+        """How many GPUs the test uses (its ``requires_gpus``, else 1): its machine-bound baselines' key counts
+        them (Note [GPUs a test uses] in :mod:`vramgate.machine.hardware`)."""
         self.metrics: dict[str, Metric] = {}
         self.claims: list[ClaimVerdict] = []
         self.conditions: list[dict[str, Any]] = []

@@ -96,7 +96,7 @@ def gate(request: pytest.FixtureRequest) -> Gate:
     session = request.config.pluginmanager.get_plugin(SESSION_NAME)
     assert isinstance(session, GateSession), "the vramgate plugin is not configured"
     item = request.node
-    recorder = Gate(item.nodeid, session.suite_for(item))
+    recorder = Gate(item.nodeid, session.suite_for(item), session.gpus_used(item))
     item.stash[GATE_KEY] = recorder
     return recorder
 

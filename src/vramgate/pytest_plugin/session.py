@@ -88,6 +88,8 @@ class GateSession:
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, ClaimVerdict]] = []
         self.pending: dict[tuple[str, str], dict[str, NodeBaseline]] = {}
+        self._pending_gpus: dict[str, int] = {}
+        """The GPUs the tests of each pending key use (their baseline file's hardware names those)."""
         """Baselines to write at the end: per (key, suite), the node ids' entries."""
         self.written: list[Path] = []
         self.report_written = False
@@ -166,6 +168,16 @@ class GateSession:
         stem = path.stem
         return stem[5:] if stem.startswith("test_") else stem
 
+    @staticmethod
+    def gpus_used(item: pytest.Item) -> int:
+        """How many GPUs *item* uses: its closest ``requires_gpus(n)``, else 1 (Note [GPUs a test uses] in
+        :mod:`vramgate.machine.hardware`)."""
+        mark = item.get_closest_marker("requires_gpus")
+        if mark is None:
+            return 1
+        value = marker_value(mark, item.nodeid)
+        return value if isinstance(value, int) else 1
+
     def uses_gate(self, item: pytest.Item) -> bool:
         """Whether *item* uses the gate: its fixtures or a vramgate marker (Note [inert until asked])."""
         names = getattr(item, "fixturenames", ())
@@ -184,31 +196,34 @@ class GateSession:
             out.append((item.nodeid, ", ".join(n.describe() for n in needs), reasons[0] if reasons else None))
         return out
 
-    def plan_baselines(self, items: list[pytest.Item]) -> list[tuple[str, str, str, list[str], list[str]]]:
-        """(suite, node id, files read, metrics stored there, the rest of its suite's metrics per the matrix, which
-        this machine would record) for each gated test (``--gate-plan``)."""
+    def plan_baselines(self, items: list[pytest.Item]) -> list[tuple[str, str, str, str, list[str], list[str]]]:
+        """(suite, node id, its machine-bound key, files read, metrics stored there, the rest of its suite's metrics
+        per the matrix, which this machine would record) for each gated test (``--gate-plan``)."""
         from vramgate.matrix.loader import SUITE_METRICS
 
         out = []
         for item in (i for i in items if self.uses_gate(i)):
             suite = self.suite_for(item)
+            gpus = self.gpus_used(item)
             compared, files = [], []
             for scope in ("portable", "machine"):
-                key = self.key_for(scope)
+                key = self.key_for(scope, gpus)
                 entry = self._entry(key, suite, item.nodeid)
                 if entry is not None:
                     compared += sorted(entry.metrics)
                     files.append(str(self.storage.path_for(key, suite)))
             records = [m for m in SUITE_METRICS.get(suite, ()) if m not in compared]
-            out.append((suite, item.nodeid, ", ".join(files) or "-", compared, records))
+            out.append((suite, item.nodeid, self.key_for("machine", gpus), ", ".join(files) or "-", compared,
+                        records))
         return out
 
     # -- checking ----------------------------------------------------------------
 
-    def key_for(self, scope: str) -> str:
-        """The key a metric of *scope* is stored under: the tier's for portable, the hardware key otherwise."""
+    def key_for(self, scope: str, gpus: int = 1) -> str:
+        """The key a metric of *scope* of a test that uses *gpus* GPUs is stored under: the tier's for portable,
+        the hardware key of those GPUs otherwise (Note [GPUs a test uses] in :mod:`vramgate.machine.hardware`)."""
         fp = self.fingerprint
-        return fp.tier if scope == "portable" else fp.key
+        return fp.tier if scope == "portable" else fp.for_gpus(gpus).key
 
     def has_baselines(self, key: str) -> bool:
         """Whether *key* has any baseline file at all (a machine the gate has seen before)."""
@@ -235,7 +250,7 @@ class GateSession:
         metric (a portable one; a machine-bound one on a key that has
         baselines) follows ``--gate-missing`` (fail by default).
         """
-        entries = {scope: self._entry(self.key_for(scope), recorder.suite, recorder.nodeid)
+        entries = {scope: self._entry(self.key_for(scope, recorder.gpus), recorder.suite, recorder.nodeid)
                    for scope in ("portable", "machine")}
         findings: list[Finding] = []
         mismatches: list[str] = []
@@ -248,7 +263,7 @@ class GateSession:
         recordable = test_passed and not untrusted
         for metric in recorder.metrics.values():
             budget = check_budget(metric)
-            key = self.key_for(metric.effective_scope)
+            key = self.key_for(metric.effective_scope, recorder.gpus)
             entry = entries[metric.effective_scope]
             base = entry.metrics.get(metric.name) if entry else None
             if metric.kind == "measured" and recorder.untrusted:
@@ -284,15 +299,15 @@ class GateSession:
                 Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
             )
         result = NodeResult(recorder.nodeid, recorder.suite, findings, test_passed,
-                            self.storage.path_for(self.key_for("machine"), recorder.suite), mismatches,
+                            self.storage.path_for(self.key_for("machine", recorder.gpus), recorder.suite), mismatches,
                             conditions=list(recorder.conditions),
                             portable_path=self.storage.path_for(self.key_for("portable"), recorder.suite))
         self.results.append(result)
         for scope, entry in entries.items():
-            self._queue_update(result, scope, entry)
+            self._queue_update(result, scope, entry, recorder.gpus)
         return result
 
-    def _queue_update(self, result: NodeResult, scope: str, entry: NodeBaseline | None) -> None:
+    def _queue_update(self, result: NodeResult, scope: str, entry: NodeBaseline | None, gpus: int = 1) -> None:
         """Queue the metrics of *scope* of *result* for its baseline file, under ``--gate-update`` or
         ``--gate-missing record``."""
         if not result.test_passed or any(f.budget or f.verdict == "untrusted" for f in result.findings):
@@ -309,15 +324,17 @@ class GateSession:
             metrics.update({f.metric.name: f.metric for f in findings if f.verdict == "new"})
         else:
             return
-        key = self.key_for(scope)
+        key = self.key_for(scope, gpus)
+        self._pending_gpus[key] = gpus if scope == "machine" else len(self.fingerprint.gpus)
         self.pending.setdefault((key, result.suite), {})[result.nodeid] = NodeBaseline(metrics, self.provenance(scope))
 
     def write_baselines(self) -> None:
         """Write the queued baselines; what cannot be written becomes an error of the session."""
         fp = self.fingerprint
         for (key, suite), tests in sorted(self.pending.items()):
+            hardware_json = fp.for_gpus(self._pending_gpus.get(key, len(fp.gpus))).to_json()
             try:
-                self.written.append(self.storage.update(key, suite, fp.to_json(), tests))
+                self.written.append(self.storage.update(key, suite, hardware_json, tests))
             except BaselineError as exc:
                 self.errors.append(f"could not update the baseline of suite {suite!r}: {exc} "
                                    "(left as it is: repair or delete it, then rerun with --gate-update)")

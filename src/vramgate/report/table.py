@@ -151,22 +151,26 @@ def coverage_lines(rows: list[Row], accept_args: list[str], tier: str, key: str)
     return out
 
 
-def plan_baseline_lines(rows: list[tuple[str, str, str, list[str], list[str]]], key: str,
+def plan_baseline_lines(rows: list[tuple[str, str, str, str, list[str], list[str]]], key: str,
                         verbose: bool = False) -> list[str]:
-    """``--gate-plan``: per suite, how many gated tests compare stored metrics and how many would record theirs
-    (first run on a machine); with *verbose*, per test: the files, the metrics compared and those recorded."""
-    by_suite: dict[str, list[tuple[str, str, list[str], list[str]]]] = {}
-    for suite, nodeid, files, compared, records in rows:
-        by_suite.setdefault(suite, []).append((nodeid, files, compared, records))
-    out = [f"baselines under {key} (machine-bound) and the tier's key (portable):"]
+    """``--gate-plan``: per suite, the machine-bound keys its gated tests read (a test's key counts the GPUs it uses),
+    how many compare stored metrics and how many would record theirs (first run on a machine); with *verbose*, per
+    test: its key, the files, the metrics compared and those recorded."""
+    by_suite: dict[str, list[tuple[str, str, str, list[str], list[str]]]] = {}
+    for suite, nodeid, test_key, files, compared, records in rows:
+        by_suite.setdefault(suite, []).append((nodeid, test_key, files, compared, records))
+    out = [f"baselines under {key} (machine-bound; a GPU test's key counts the GPUs it uses) and the tier's key "
+           "(portable):"]
     for suite, tests in sorted(by_suite.items()):
-        compare = sum(1 for _, _, c, _ in tests if c)
-        names = sorted({m for _, _, _, r in tests for m in r})
-        line = f"  {suite}: {len(tests)} test(s), {compare} compare stored metrics, {len(tests) - compare} have none"
+        compare = sum(1 for *_, c, _ in tests if c)
+        names = sorted({m for *_, r in tests for m in r})
+        keys = sorted({k for _, k, *_ in tests})
+        line = (f"  {suite}: {len(tests)} test(s) under {', '.join(keys)}, {compare} compare stored metrics, "
+                f"{len(tests) - compare} have none")
         out.append(line + (f"; would record {', '.join(names)}" if names else ""))
         if verbose:
-            for nodeid, files, compared, records in tests:
-                out.append(f"         {nodeid}: compares {', '.join(compared) or 'nothing'} ({files})"
+            for nodeid, test_key, files, compared, records in tests:
+                out.append(f"         {nodeid} [{test_key}]: compares {', '.join(compared) or 'nothing'} ({files})"
                            + (f"; records {', '.join(records)}" if records else ""))
     return out
 
