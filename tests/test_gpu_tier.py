@@ -246,3 +246,53 @@ def test_a_tests_baselines_are_keyed_by_the_gpus_it_uses(pytester: pytest.Pytest
     plan = pytester.runpytest("--collect-only", "--gate-plan", "-v", "--gate-hardware", "my-box",
                               "-p", "no:cacheprovider")
     plan.stdout.fnmatch_lines(["*test_four_gpus [[]my-box[]]*"])
+
+
+# -- the attention profiles' engine cases, with the tier faked to gpu --------------------------------------------
+
+
+def _suite_module(path: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"suite_{Path(path).stem}", ROOT / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "engine_tier", lambda: "gpu")
+    monkeypatch.setattr(module, "skip_unmet", lambda profile: None)
+    monkeypatch.setattr(module, "runnable_candidate", lambda spec, profile, use_mla: spec.replace(profile=profile.name))
+    return module
+
+
+class _FakeEngine:
+    """Engine.run stand-in: vLLM's KV figures at a fixed budget for the spec's block size (576 B per token and
+    layer, 3 layers: tiny-deepseek-v2), the capacity moved by *shift* tokens for a profile's run."""
+
+    def __init__(self, shift: int = 0) -> None:
+        self.shift = shift
+        self.specs: list[EngineSpec] = []
+
+    def run(self, spec: EngineSpec) -> types.SimpleNamespace:
+        self.specs.append(spec)
+        budget = int((spec.kv_budget_gib or 0) * GIB)
+        blocks = budget // (576 * 2 * spec.block_size * 3)
+        capacity = blocks * spec.block_size + (self.shift if spec.profile else 0)
+        return types.SimpleNamespace(kv={"capacity_tokens": capacity, "block_size": spec.block_size,
+                                         "bytes_per_token": 576 * 2 * 3},
+                                     memory={"cuda_max_allocated_bytes": 123 << 20})
+
+
+def test_a_backend_profile_runs_its_block_size_and_keeps_the_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vramgate.pytest_plugin.fixture import Gate
+
+    module = _suite_module("suites/attention/test_backend_engine.py", monkeypatch)
+    flashmla = find_profile(ROOT, "attention-flashmla")
+    engine = _FakeEngine()
+    gate = Gate("t::capacity", "attention")
+    module.test_backend_kv_capacity(gate, engine, flashmla)
+    assert [s.block_size for s in engine.specs] == [64, 16]  # FlashMLA's, then the automatic choice's
+    assert engine.specs[0].profile == "attention-flashmla" and engine.specs[1].profile is None
+    assert gate.metrics["kv_block_size"].value == 64
+    assert gate.metrics["peak_allocated_bytes"].effective_scope == "machine"
+    with pytest.raises(AssertionError, match="moved the KV capacity at a fixed budget by 64 tokens"):
+        module.test_backend_kv_capacity(Gate("t::moved", "attention"), _FakeEngine(shift=96), flashmla)

@@ -203,3 +203,38 @@ def test_a_diff_whose_context_changed_is_refused_with_gits_reason(installed: Pat
     assert "(git apply: patch failed: fakepkg/sched.py:1)" in message
     assert tree_digest(installed) == before
     assert not (tmp_path / "overlays").exists() or list((tmp_path / "overlays").iterdir()) == []
+
+
+def _suites_taking_profiles() -> dict[str, list[str]]:
+    """The suite names ``gate_profiles("NAME", ...)`` marks in suites/ take, with the tests that carry them."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    taken: dict[str, list[str]] = {}
+    for path in sorted((root / "suites").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if (isinstance(deco, ast.Call) and ast.unparse(deco.func).endswith("gate_profiles") and deco.args
+                        and isinstance(deco.args[0], ast.Constant)):
+                    taken.setdefault(str(deco.args[0].value), []).append(f"{path.relative_to(root)}::{node.name}")
+    return taken
+
+
+def test_every_suite_a_profile_names_runs_it_and_every_cuda_profile_names_one() -> None:
+    """A profile whose suites no test takes is never measured: every suite name a profile lists parametrizes at least
+    one test (``gate_profiles("NAME")``), and every profile that requires CUDA (which no CPU-only check covers)
+    names at least one such suite."""
+    from vramgate.profiles import load_profiles
+
+    root = Path(__file__).resolve().parents[1]
+    taken = _suites_taking_profiles()
+    assert {"latency", "serving", "attention", "block_manager", "quantization"} <= set(taken), taken
+    profiles = load_profiles(root)
+    assert len(profiles) >= 10
+    for profile in profiles:
+        unknown = [s for s in profile.suites if s not in taken]
+        assert not unknown, f"profile {profile.name}: no test takes profiles of suite(s) {unknown}"
+        if profile.requires.device == "cuda":
+            assert profile.suites, f"profile {profile.name} requires CUDA but names no suite: no engine measures it"

@@ -27,7 +27,7 @@ from vramgate.profiles import Profile
 from vramgate.testing import ModelLoader, runnable_candidate, skip_unmet
 
 
-@pytest.mark.gate_profiles("block_manager")
+@pytest.mark.gate_profiles("latency")
 def test_profile_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, model_shape: ModelLoader,
                                tmp_path: Path, profile: Profile, request: pytest.FixtureRequest) -> None:
     """Per-round median engine step of the profile over the unpatched engine's, on the calibration workload; a
