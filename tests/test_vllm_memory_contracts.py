@@ -222,7 +222,8 @@ def test_mixed_precision_kernels_are_chosen_by_platform_and_cuda_has_no_cpu_kern
     table = next(node for node in tree.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                  and node.target.id == "_POSSIBLE_KERNELS")
     assert isinstance(table.value, ast.Dict)
-    kernels = {ast.unparse(k): {ast.unparse(e) for e in v.elts} for k, v in zip(table.value.keys, table.value.values)
+    pairs = zip(table.value.keys, table.value.values, strict=True)
+    kernels = {ast.unparse(k): {ast.unparse(e) for e in v.elts} for k, v in pairs
                if k is not None and isinstance(v, ast.List)}
     assert "CPUWNA16LinearKernel" in kernels["PlatformEnum.CPU"]
     assert {"MarlinLinearKernel", "MacheteLinearKernel"} <= kernels["PlatformEnum.CUDA"]
@@ -252,3 +253,22 @@ def test_vllm_looks_a_device_entry_that_is_no_index_up_by_full_uuid(vllm_src: Pa
     assert "nvmlDeviceGetHandleByUUID" in calls(method(nvml, "device_control_id_to_physical_device_id"))
     base = cls(module(vllm_src, "platforms/interface.py"), "Platform")
     assert "device_control_env.split(',')" in ast.unparse(method(base, "visible_device_id_to_physical_device_id"))
+
+
+def test_the_all_reduce_fusion_pass_keeps_its_state_on_the_object(vllm_src: Path) -> None:
+    """Note [fusion pass state] (vramgate.engine.measure): fuse_allreduce_rms adds an AllReduceFusionPass to the
+    post-grad pass manager; the pass sets ``disabled`` in __init__ (True on every early return), counts what it
+    replaced in ``matched_count`` when it runs, and its module holds ``flashinfer_comm``."""
+    from vramgate.engine.measure import FUSION_MODULE, FUSION_PASSES
+
+    path = FUSION_MODULE.removeprefix("vllm.").replace(".", "/") + ".py"
+    tree = module(vllm_src, path)
+    klass = cls(tree, FUSION_PASSES[0])
+    assert {"disabled"} <= self_assigned(method(klass, "__init__"))
+    assert "matched_count" in self_assigned(method(klass, "__call__"))
+    assert "flashinfer_comm" in {t.id for node in ast.walk(tree) for t in getattr(node, "targets", [])
+                                 if isinstance(t, ast.Name)} | {a.asname or a.name for node in ast.walk(tree)
+                                                                if isinstance(node, ast.ImportFrom | ast.Import)
+                                                                for a in node.names}
+    manager = ast.unparse(module(vllm_src, "compilation/passes/pass_manager.py"))
+    assert "fuse_allreduce_rms" in manager and "AllReduceFusionPass(config)" in manager

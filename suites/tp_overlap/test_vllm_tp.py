@@ -27,7 +27,7 @@ import pytest
 
 from vramgate import Gate
 from vramgate.core.metrics import median
-from vramgate.engine import EngineResult, EngineSpec
+from vramgate.engine import EngineResult, EngineSpec, fusion_problem
 from vramgate.testing import Engine, ModelLoader
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
@@ -85,6 +85,10 @@ def test_allreduce_rms_fusion(gate: Gate, engine: Engine, model_shape: ModelLoad
         assert result.kv["num_gpu_blocks"] == budget // (page * shape.num_layers), result.kv
         assert result.kv["capacity_tokens"] == result.kv["num_gpu_blocks"] * BLOCK_SIZE, result.kv
         assert len(result.latency["ttft_s"]) == 16, "vLLM returned no per-request stats"
+        if fused:  # Note [fusion pass state]: vLLM may have left the pass disabled with a warning
+            problem = fusion_problem(result.compilation.get("fusion", []))
+            if problem:
+                pytest.skip(f"not on this machine: fuse_allreduce_rms asked for, but {problem}")
         figures[name] = record(gate, name, result)
     off, on = figures["fusion_off"], figures["fusion_on"]
     print(f"TP={tp}: fuse_allreduce_rms off / on: TTFT {off['ttft'] * 1e3:.1f} / {on['ttft'] * 1e3:.1f} ms, "

@@ -7,6 +7,7 @@ which may split or move.
 from typing import TYPE_CHECKING
 
 from vramgate._moved import forwarding
+from vramgate.engine.measure import fusion_problem
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.paired import (
     PairedEngines,
@@ -55,6 +56,7 @@ __all__ = [
     "cpu_backend_problem",
     "engine_env",
     "engine_tier",
+    "fusion_problem",
     "kernel_problem",
     "kv_need",
     "latency_spec",

@@ -59,6 +59,56 @@ def worker_allocator(worker: Any) -> dict[str, int]:
             "cuda_allocated_bytes": int(torch.cuda.memory_allocated(device))}
 
 
+#: vLLM's communication-fusion compile passes whose state an engine run reads (Note [fusion pass state]).
+FUSION_PASSES = ("AllReduceFusionPass",)
+#: The module that holds vLLM 0.32.0's all-reduce fusion pass and its ``flashinfer_comm`` import.
+FUSION_MODULE = "vllm.compilation.passes.fusion.allreduce_rms_fusion"
+
+
+def worker_fusion_passes(worker: Any) -> dict[str, Any]:
+    """This rank's communication-fusion passes, read inside the model worker: per pass class, how many instances
+    the compilation made, whether any is enabled, and the patterns it replaced (None where it never ran on a graph:
+    a graph from the compile cache); and whether FlashInfer's comm module was found.
+
+    Note [fusion pass state]: vLLM turns ``fuse_allreduce_rms`` into an ``AllReduceFusionPass`` in each rank's
+    post-grad pass manager, and where FlashInfer's comm module is missing, the world size is unsupported or its
+    workspace fails, it only logs a warning and leaves the pass ``disabled``: a "fusion on" run is then fusion off.
+    The pass objects are read (``disabled``, ``matched_count``), not the log."""
+    import gc
+    import sys
+
+    found: dict[str, Any] = {}
+    for obj in gc.get_objects():
+        name = type(obj).__name__
+        if name in FUSION_PASSES:
+            entry = found.setdefault(name, {"instances": 0, "enabled": False, "matched": None})
+            entry["instances"] += 1
+            entry["enabled"] = entry["enabled"] or getattr(obj, "disabled", True) is False
+            matched = getattr(obj, "matched_count", None)
+            if isinstance(matched, int):
+                entry["matched"] = (entry["matched"] or 0) + matched
+    module = sys.modules.get(FUSION_MODULE)
+    comm = None if module is None else getattr(module, "flashinfer_comm", None) is not None
+    return {"passes": found, "flashinfer_comm": comm}
+
+
+def fusion_problem(ranks: list[dict[str, Any]], pass_name: str = "AllReduceFusionPass") -> str | None:
+    """Why the ranks of a run that asked for *pass_name* did not run it (Note [fusion pass state]), or None."""
+    if not ranks:
+        return "the run read no rank's compile passes"
+    for rank, state in enumerate(ranks):
+        entry = state.get("passes", {}).get(pass_name)
+        if entry is None:
+            return f"rank {rank}: vLLM made no {pass_name} (the compile config did not ask for it, or eager mode)"
+        if not entry["enabled"]:
+            why = ("FlashInfer's comm module is missing" if state.get("flashinfer_comm") is False else
+                   "FlashInfer does not support this world size, or its all-reduce workspace failed")
+            return f"rank {rank}: vLLM disabled its {pass_name} ({why}): the run is fusion off"
+        if entry["matched"] == 0:
+            return f"rank {rank}: vLLM's {pass_name} ran but replaced no pattern: the run is fusion off"
+    return None
+
+
 def worker_memory_history_start(worker: Any, driver_pid: int) -> bool:
     """Start recording this rank's allocator history, inside the model worker (Note [memory history] in
     :mod:`vramgate.machine.probes.memory_history`); a rank in the engine's own process (*driver_pid*) records

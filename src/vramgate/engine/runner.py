@@ -106,6 +106,9 @@ class EngineResult:
     timing: dict[str, float]
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""
+    compilation: dict[str, Any] = field(default_factory=dict)
+    """What vLLM's compilation did: ``fusion``, each tensor-parallel rank's communication-fusion passes (Note
+    [fusion pass state] in :mod:`vramgate.engine.measure`; empty at TP 1)."""
     decision: MemoryDecision | None = None
     """What vLLM decided about memory when it sized the KV cache itself (Note [automatic KV]); None for a run
     with a KV budget."""

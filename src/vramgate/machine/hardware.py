@@ -29,6 +29,29 @@ from typing import Any
 
 #: Keys of the tiers, where portable metrics live; never a hardware key.
 TIER_KEYS = ("cuda", "cpu")
+#: Set to ``cuda`` to compute the cuda tier's portable figures on this (CPU) machine (Note [a tier's portable
+#: figures computed on CPU]); ``--gate-compute-tier`` sets it.
+COMPUTE_TIER_ENV = "VRAMGATE_COMPUTE_TIER"
+
+
+def computed_tier() -> str | None:
+    """The tier whose portable figures this run computes instead of its own (``cuda``), or None.
+
+    Note [a tier's portable figures computed on CPU]: much of what the cuda tier's portable metrics hold needs no
+    device: vLLM's KV accounting (pages and blocks at a budget, with the CUDA backends' block sizes), its scheduler
+    under the simulator (GPU-like settings), checkpoint bytes. vLLM's Python is the same in its CPU and CUDA builds,
+    so a CPU machine can compute them for the cuda tier: the suites run with the engine tier taken as the GPU's (its
+    matrix entries, block sizes and models), every engine refused (``UnsupportedHere``: a skip), machine-bound
+    figures left uncompared, and what passes is written under ``baselines/cuda/`` with its provenance saying
+    "computed on CPU". A GPU runner then compares its portable figures from its first run, and a difference on
+    real hardware is a finding; what only a GPU can produce its first run records (``--gate-update-scope
+    portable``)."""
+    value = os.environ.get(COMPUTE_TIER_ENV, "").strip()
+    if not value:
+        return None
+    if value != "cuda":
+        raise ValueError(f"{COMPUTE_TIER_ENV}={value!r}: the only tier computed on another machine is 'cuda'")
+    return value
 
 
 def normalize(text: str) -> str:

@@ -83,6 +83,12 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("gate_update_scope", default=None, help="default of --gate-update-scope")
     group.addoption(
+        "--gate-compute-tier", dest="gate_compute_tier", default=None, choices=("cuda",),
+        help="compute the cuda tier's portable figures on this CPU machine from vLLM's own classes (KV accounting, "
+             "the scheduler, checkpoint sizes) and compare them with, or with --gate-update write them to, the "
+             "cuda tier's baselines; engines are skipped, machine-bound figures not compared (docs/gpu.md)",
+    )
+    group.addoption(
         "--gate-update", dest="gate_update", action="store_true", default=None,
         help="write or refresh the baselines of the tests that ran (review and commit the diff)",
     )
@@ -124,6 +130,9 @@ class GateOptions:
     report_dir: Path | None
     update: bool
     update_scope: str
+    compute_tier: str | None
+    """``--gate-compute-tier``: the tier whose portable figures are computed here (Note [a tier's portable figures
+    computed on CPU]), or None."""
     baselines_ref: str | None
     require_hardware: bool
     shard: tuple[int, int] | None
@@ -177,6 +186,13 @@ def read_options(config: pytest.Config) -> GateOptions:
     update_scope = update_scope or "all"
     if update_scope not in UPDATE_SCOPES:
         raise pytest.UsageError(f"gate_update_scope = {update_scope!r}: must be one of {', '.join(UPDATE_SCOPES)}")
+    compute_tier = config.getoption("gate_compute_tier")
+    if compute_tier:
+        asked.append("gate_compute_tier")
+        if config.getoption("gate_update_scope") not in (None, "portable"):
+            raise pytest.UsageError(f"--gate-compute-tier {compute_tier}: writes portable baselines only "
+                                    "(--gate-update-scope portable)")
+        update_scope = "portable"
     ref, _ = opt("gate_baselines_ref")
     require, _ = opt("gate_require_hardware")
     shard, _ = opt("gate_shard")
@@ -205,6 +221,7 @@ def read_options(config: pytest.Config) -> GateOptions:
         report_dir=report_path,
         update=bool(update),
         update_scope=update_scope,
+        compute_tier=compute_tier or None,
         baselines_ref=ref or None,
         require_hardware=bool(require),
         shard=parse_shard(shard) if shard else None,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from vramgate._moved import forwarding
-from vramgate.machine import isa
+from vramgate.machine import hardware, isa
 from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.hygiene import HygienePlugin
@@ -63,6 +63,13 @@ def pytest_configure(config: pytest.Config) -> None:
                 engine_env.probe(python).require_vllm()
         except engine_env.EngineEnvError as exc:
             raise pytest.UsageError(f"{flag}: {exc}") from None
+    if session.options.compute_tier:  # Note [a tier's portable figures computed on CPU]: xdist's workers see it too
+        if session.gpus:
+            raise pytest.UsageError(f"--gate-compute-tier {session.options.compute_tier}: this machine has GPUs; "
+                                    "run the gate on them instead of computing their tier's figures")
+        before = os.environ.get(hardware.COMPUTE_TIER_ENV)
+        os.environ[hardware.COMPUTE_TIER_ENV] = session.options.compute_tier
+        config.add_cleanup(functools.partial(restore_env, hardware.COMPUTE_TIER_ENV, before))
     if session.options.memory_history != "off":  # Note [memory history]: every engine records in its worker
         before = apply_engine_switch(session.options.memory_history)
         config.add_cleanup(functools.partial(restore_env, MEMORY_HISTORY_ENV, before))
@@ -83,6 +90,21 @@ def restore_env(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    """An engine this machine cannot run (:class:`~vramgate.engine.UnsupportedHere`, raised before it starts: a
+    paired engine, a server, an engine while another tier's figures are computed here) skips the test with the
+    reason, as the ``engine`` fixture's runs do."""
+    try:
+        return (yield)
+    except Exception as exc:
+        from vramgate.engine.spec import UnsupportedHere  # only on a failure: a plain pytest run imports no engine
+
+        if isinstance(exc, UnsupportedHere):
+            pytest.skip(f"not on this machine: {exc}")
+        raise
 
 
 @pytest.fixture

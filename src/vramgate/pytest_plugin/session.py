@@ -77,6 +77,9 @@ class GateSession:
         self.update_scope = options.update_scope
         self.baselines_ref = options.baselines_ref
         self.require_hardware = options.require_hardware
+        self.computed_tier = options.compute_tier
+        """The tier whose portable figures this session computes here (Note [a tier's portable figures computed on
+        CPU] in :mod:`vramgate.machine.hardware`), or None."""
         self.moves: list[Move] | None = None
         """Baseline metrics that differ between ``baselines_ref`` and the tree (:mod:`vramgate.store.moves`)."""
         self.active = bool(options.asked)
@@ -88,9 +91,9 @@ class GateSession:
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, ClaimVerdict]] = []
         self.pending: dict[tuple[str, str], dict[str, NodeBaseline]] = {}
+        """Baselines to write at the end: per (key, suite), the node ids' entries."""
         self._pending_gpus: dict[str, int] = {}
         """The GPUs the tests of each pending key use (their baseline file's hardware names those)."""
-        """Baselines to write at the end: per (key, suite), the node ids' entries."""
         self.written: list[Path] = []
         self.report_written = False
         self.errors: list[str] = []
@@ -143,8 +146,13 @@ class GateSession:
         if self._commit is False:
             self._commit = git_commit(self.config.rootpath)
         commit = self._commit if isinstance(self._commit, str) else None
+        computed_on = None
+        if self.computed_tier and scope == "portable":
+            vllm = " ".join(v for v in (self.software.get("vllm_distribution"), self.software.get("vllm")) if v)
+            computed_on = f"CPU from vLLM's own classes ({vllm or 'vLLM'}), no {self.computed_tier} device"
         return Provenance(commit=commit, date=now_utc(), software=self.software,
-                          machine_speed_s=speed.machine_speed_s() if self._speed_checked(scope) else None)
+                          machine_speed_s=speed.machine_speed_s() if self._speed_checked(scope) else None,
+                          computed_on=computed_on)
 
     def _speed_checked(self, scope: str) -> bool:
         """Whether *scope*'s timings carry the host's speed probe: machine-bound, CPU key (Note [machine speed])."""
@@ -223,7 +231,9 @@ class GateSession:
         """The key a metric of *scope* of a test that uses *gpus* GPUs is stored under: the tier's for portable,
         the hardware key of those GPUs otherwise (Note [GPUs a test uses] in :mod:`vramgate.machine.hardware`)."""
         fp = self.fingerprint
-        return fp.tier if scope == "portable" else fp.for_gpus(gpus).key
+        if scope == "portable":
+            return self.computed_tier or fp.tier
+        return fp.for_gpus(gpus).key
 
     def has_baselines(self, key: str) -> bool:
         """Whether *key* has any baseline file at all (a machine the gate has seen before)."""
@@ -269,6 +279,11 @@ class GateSession:
             if metric.kind == "measured" and recorder.untrusted:
                 findings.append(Finding(metric, "untrusted", base, entry.recorded if entry else None, None,
                                         budget, "; ".join(recorder.untrusted)))
+                continue
+            if self.computed_tier and metric.effective_scope == "machine":
+                findings.append(Finding(metric, "not compared", budget=budget,
+                                        detail=f"machine-bound: this session computes the {self.computed_tier} "
+                                               "tier's portable figures"))
                 continue
             if not metric.history:  # Note [budget-only figures] in vramgate.core.metrics
                 findings.append(Finding(metric, "not compared", budget=budget,
@@ -373,7 +388,7 @@ class GateSession:
     def hardware(self) -> Hardware:
         """The hardware compared against, as the report names it."""
         fp = self.fingerprint
-        return Hardware(fp.key, fp.tier, fp.source, fp.to_json())
+        return Hardware(fp.key, self.computed_tier or fp.tier, fp.source, fp.to_json())
 
     def node_summary(self, result: NodeResult) -> NodeSummary:
         """*result* as plain data, its baseline files as a person reads them."""

@@ -175,13 +175,16 @@ def parse_baseline(path: Path, text: str) -> BaselineFile:
         speed = rec.get("machine_speed_s")
         _require(speed is None or (isinstance(speed, int | float) and not isinstance(speed, bool) and speed > 0),
                  path, f"{where}.recorded.machine_speed_s", "must be a positive number of seconds")
+        computed_on = rec.get("computed_on")
+        _require(computed_on is None or isinstance(computed_on, str), path, f"{where}.recorded.computed_on",
+                 "must be a string")
         tests[nodeid] = NodeBaseline(
             metrics={
                 name: parse_metric(path, f"{where}.metrics[{name!r}]", name, raw)
                 for name, raw in metrics_raw.items()
             },
             recorded=Provenance(commit=commit, date=rec["date"], software=software,
-                                machine_speed_s=None if speed is None else float(speed)),
+                                machine_speed_s=None if speed is None else float(speed), computed_on=computed_on),
         )
     return BaselineFile(path=path, suite=suite, hardware=hardware, tests=tests)
 

@@ -5,6 +5,7 @@ layer's public names from here (``from vramgate.testing import Engine``), not
 from its modules, which may split or move.
 """
 
+from vramgate.machine.hardware import computed_tier
 from vramgate.testing.claims import check_claims
 from vramgate.testing.engines import (
     PRESSURE_SPEC,
@@ -40,6 +41,7 @@ __all__ = [
     "apply_budgets",
     "check_claims",
     "checkpoint_of",
+    "computed_tier",
     "linear_kernel_problem",
     "matrix_params",
     "paired_burst",
