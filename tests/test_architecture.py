@@ -16,7 +16,7 @@ LAYERS = [
     "report", "pytest_plugin", "testing", "tools",
 ]
 #: The package's front door and its compatibility aliases may use any layer.
-FACADES = {"vramgate", "vramgate.__main__", "vramgate._moved"}
+FACADES = {"vramgate", "vramgate.__main__"}
 #: The most lines a module may have without its docstring saying why it is longer.
 MAX_LINES = 400
 

@@ -6,10 +6,6 @@ VLLM_VERSION = "0.32.0"
 TORCH_CPU_VERSION = "2.13.0+cpu"
 __version__ = "0.1.0"
 
-from vramgate import _moved  # noqa: E402
-
-_moved.install()  # the former module names (vramgate.plugin, ...) import their modules now, with a warning
-
 from vramgate.core.metrics import Metric, format_value  # noqa: E402
 from vramgate.pytest_plugin.fixture import Gate  # noqa: E402
 

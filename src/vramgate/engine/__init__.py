@@ -4,9 +4,6 @@ Import this layer's public names from here (``from vramgate.engine import ...``)
 which may split or move.
 """
 
-from typing import TYPE_CHECKING
-
-from vramgate._moved import forwarding
 from vramgate.engine.measure import fusion_problem
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.paired import (
@@ -66,6 +63,3 @@ __all__ = [
     "run_engine",
     "validate",
 ]
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

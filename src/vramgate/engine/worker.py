@@ -28,9 +28,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from vramgate._moved import forwarding
 from vramgate.engine.arguments import engine_kwargs
 from vramgate.engine.measure import (
     PLANT_WEIGHT_BYTES_ENV,
@@ -310,6 +309,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

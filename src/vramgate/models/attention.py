@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from vramgate._moved import forwarding
 
 #: The CUDA caching allocator rounds every block up to a multiple of this.
 CUDA_MIN_BLOCK = 512
@@ -194,6 +191,3 @@ def explain_splits(measured: int, shape: AttentionShape, extra: int = TORCH_FLAS
         if shape.fa2_transient_bytes(splits) + extra == measured:
             return splits
     return None
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from vramgate._moved import forwarding
+from typing import Any
 
 #: Bytes per element of a safetensors dtype.
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1}
@@ -339,6 +337,3 @@ def format_bytes(n: float) -> str:
     if n >= 10**6:
         return f"{n / 1e6:.2f} MB ({n / 2**20:.2f} MiB)"
     return f"{int(n):,} B"
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

@@ -11,9 +11,6 @@ Import this layer's public names from here (``from vramgate.profiles import ...`
 which may split or move.
 """
 
-from typing import TYPE_CHECKING
-
-from vramgate._moved import forwarding
 from vramgate.profiles.applicability import (
     STATUSES,
     Applicability,
@@ -85,6 +82,3 @@ __all__ = [
     "unmet_requirement",
     "write_proposal",
 ]
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

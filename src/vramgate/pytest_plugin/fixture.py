@@ -6,7 +6,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from vramgate._moved import forwarding
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.metrics import Better, Kind, Metric, Paired, Scope, median
 
@@ -214,6 +213,3 @@ class Gate:
         for problem in problems([before, after], own_pids()):
             if problem not in self.untrusted:
                 self.untrusted.append(problem)
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

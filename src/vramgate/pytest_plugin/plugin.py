@@ -13,11 +13,10 @@ import functools
 import json
 import os
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-from vramgate._moved import forwarding
 from vramgate.machine import hardware, isa
 from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
 from vramgate.pytest_plugin.fixture import Gate
@@ -387,6 +386,3 @@ class GatePlugin:
         from vramgate.report import terminal_summary
 
         terminal_summary(gs.summary(), terminalreporter, verbose=terminalreporter.config.option.verbose > 0)
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

@@ -4,9 +4,6 @@ the HTML page; two runs compared; exports for dashboards (Bencher Metric Format,
 Never imports the pytest plugin: the plugin hands a :class:`~vramgate.report.summary.Summary` over.
 """
 
-from typing import TYPE_CHECKING
-
-from vramgate._moved import forwarding
 from vramgate.report.chart import Bar, changed_bars, plot_changes
 from vramgate.report.compare import (
     ComparedMetric,
@@ -62,6 +59,3 @@ __all__ = [
     "terminal_summary", "text_table", "to_bmf", "to_pytorch", "verdict_rank", "write_report", "write_report_data",
     "xychart",
 ]
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

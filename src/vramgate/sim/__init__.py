@@ -4,9 +4,6 @@ Import this layer's public names from here (``from vramgate.sim import ...``), n
 which may split or move.
 """
 
-from typing import TYPE_CHECKING
-
-from vramgate._moved import forwarding
 from vramgate.sim.probe import SchedulerProbe
 from vramgate.sim.simulator import (
     SimResult,
@@ -22,6 +19,3 @@ __all__ = [
     "settings_of_engine",
     "simulate",
 ]
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

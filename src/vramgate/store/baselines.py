@@ -37,9 +37,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from vramgate._moved import forwarding
 from vramgate.core.metrics import BETTER, KINDS, SCOPES, UNITS, Metric
 from vramgate.core.provenance import Provenance
 from vramgate.store.files import atomic_write_text, locked
@@ -256,6 +255,3 @@ class DirectoryStorage:
         for path in paths:
             self._cache[path] = self._read(path)
         return paths
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from vramgate._moved import forwarding
 from vramgate.tools.commands import (
     calibrate,
     doctor,
@@ -50,6 +48,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as exc:  # incl. ProfileError, PatchError, SpecError
         print(f"vramgate: error: {exc}", file=sys.stderr)
         return 2
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

@@ -4,9 +4,6 @@ Import this layer's public names from here (``from vramgate.tp import ...``), no
 which may split or move.
 """
 
-from typing import TYPE_CHECKING
-
-from vramgate._moved import forwarding
 from vramgate.tp.launch import (
     Launcher,
     launcher,
@@ -40,6 +37,3 @@ __all__ = [
     "read_results",
     "run_tp",
 ]
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from vramgate._moved import forwarding
 from vramgate.machine import devices
 from vramgate.machine.probes.cpu import children
 from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
@@ -165,6 +164,3 @@ def problems(states: list[GPUState], own: set[int]) -> list[str]:
                 seen.add(key)
                 out.append(f"another process (pid {pid}, {used / 2**20:.0f} MiB) is using GPU {state.index}")
     return out
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)

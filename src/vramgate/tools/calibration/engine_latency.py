@@ -35,9 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from vramgate._moved import forwarding
 from vramgate.core.stats import compare_samples
 
 #: Conditions of the measured part: the candidate's planted delay per engine step.
@@ -388,6 +387,3 @@ def render(data: dict[str, Any]) -> str:
                          f"{show(f['raw_detection']['delay-10%'])} | {'yes' if f['meets_targets'] else 'no'} |")
         lines.append("")
     return "\n".join(lines)
-
-if not TYPE_CHECKING:  # the names a former module had here (vramgate._moved)
-    __getattr__ = forwarding(__name__)
