@@ -18,6 +18,7 @@ import pytest
 
 from vramgate.pytest_plugin.hygiene import hygiene_state
 from vramgate.runtime import preload, process
+from vramgate.runtime.exits import describe_exit
 
 pytestmark = pytest.mark.skipif(not preload.enabled(), reason="needs os.fork and os.pidfd_open (Linux)")
 
@@ -118,7 +119,7 @@ def test_a_timeout_kills_the_child_and_a_signal_is_its_status(stand_in: tuple[li
     child = spawn([*command, str(run / "out.json"), "kill"], env, run)
     status = process.wait_or_kill(child, 60)
     assert status == -signal.SIGKILL
-    assert process.describe_exit(status) == "was killed by SIGKILL (out of memory?)"
+    assert describe_exit(status) == "was killed by SIGKILL (out of memory?)"
 
 
 def test_another_import_environment_starts_fresh(stand_in: tuple[list[str], dict[str, str]], tmp_path: Path) -> None:

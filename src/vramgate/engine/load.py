@@ -30,6 +30,7 @@ from vramgate.engine.runner import engine_env
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
+from vramgate.runtime.exits import describe_exit
 
 #: Seconds between two samples of a server's memory during a load.
 SAMPLE_EVERY_S = 0.2
@@ -287,7 +288,7 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
     if proc.returncode != 0:
         for server in servers:
             server.check_alive(f"the load (client log: {log_path})")
-        raise ServerError(f"vLLM's benchmark client {process.describe_exit(proc.returncode or 0)}",
+        raise ServerError(f"vLLM's benchmark client {describe_exit(proc.returncode or 0)}",
                           process.tail(log_path), run_dir)
     results: list[list[LoadResult]] = [[] for _ in servers]
     for (i, load, _), path in zip(items, paths, strict=True):

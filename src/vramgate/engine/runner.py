@@ -35,9 +35,11 @@ from vramgate.engine.spec import (
     validate,
 )
 from vramgate.machine import devices
+from vramgate.machine.probes import nvml
 from vramgate.models.config import ModelConfigError
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
+from vramgate.runtime.exits import describe_exit
 from vramgate.runtime.preload import PreloadError
 from vramgate.runtime.vllm_env import ENGINE_LOG_LEVEL, vllm_environment
 from vramgate.store.shared import SharedResults
@@ -153,7 +155,7 @@ def engine_env(
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     env.update(spec.env)
     # vLLM takes full GPU UUIDs only (Note [full UUIDs for vLLM] in vramgate.machine.devices).
-    visible = devices.engine_visible_devices(env.get(devices.ENV))
+    visible = nvml.engine_visible_devices(env.get(devices.ENV))
     if visible is not None:
         env[devices.ENV] = visible
     env["PYTHONPATH"] = process.pythonpath(env, first=extra_pythonpath or ())
@@ -215,7 +217,7 @@ def run_engine(
                           process.tail(log_path), run_dir)
     wall = time.monotonic() - start
     if rc != 0:
-        raise EngineError(f"engine for {spec.model} {process.describe_exit(rc)}", process.tail(log_path), run_dir,
+        raise EngineError(f"engine for {spec.model} {describe_exit(rc)}", process.tail(log_path), run_dir,
                           details={KV_TOO_SMALL: _kv_figures(spec, root)})
     try:
         data = json.loads(result_path.read_text(encoding="utf-8"))

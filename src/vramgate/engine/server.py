@@ -29,6 +29,7 @@ from vramgate.machine.probes.cpu import tree_rss_bytes
 from vramgate.models.config import load_model
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
+from vramgate.runtime.exits import describe_exit
 
 #: The address every server of the gate listens on: this machine only.
 HOST = "127.0.0.1"
@@ -115,7 +116,7 @@ class ApiServer:
             while True:
                 rc = self.proc.poll()
                 if rc is not None:
-                    raise self._error(f"{self.describe()} {process.describe_exit(rc)} before it was up")
+                    raise self._error(f"{self.describe()} {describe_exit(rc)} before it was up")
                 if self.healthy():
                     self.startup_s = time.monotonic() - t0
                     return self
@@ -140,7 +141,7 @@ class ApiServer:
             raise RuntimeError(f"{self.describe()} was never started")
         rc = self.proc.poll()
         if rc is not None:
-            raise self._error(f"{self.describe()} {process.describe_exit(rc)} during {during}")
+            raise self._error(f"{self.describe()} {describe_exit(rc)} during {during}")
 
     def rss_bytes(self) -> int:
         """The resident memory of the server's whole process tree (API server and engine core); 0 once it is

@@ -23,7 +23,8 @@ NVML's ``nvmlDeviceGetHandleByUUID`` (``platforms/cuda.py``,
 ``device_control_id_to_physical_device_id``), which takes a full UUID only; it
 also splits the whole value, past the entry where CUDA stops. So every engine
 the gate starts gets the value rewritten to what CUDA sees
-(:func:`engine_value`): the devices CUDA resolves, an index as an index and a
+(:func:`engine_value`, read against NVML by
+:func:`vramgate.machine.probes.nvml.engine_visible_devices`): the devices CUDA resolves, an index as an index and a
 UUID prefix as its full UUID.
 """
 
@@ -118,23 +119,6 @@ def needs_rewrite(value: str | None) -> bool:
     be read to give an engine its value."""
     listed = entries(value)
     return listed is not None and any(not _INDEX.fullmatch(e) for e in listed if e)
-
-
-def engine_visible_devices(value: str | None) -> str | None:
-    """:func:`engine_value` of *value* against this host's NVML devices; *value* unchanged where it holds indices
-    only or NVML cannot be read (:class:`~vramgate.machine.probes.nvml.NVMLUnavailable` is not raised)."""
-    if not needs_rewrite(value):
-        return value
-    from vramgate.machine.probes.nvml import NVMLUnavailable, open_nvml
-
-    try:
-        nvml = open_nvml()
-    except NVMLUnavailable:
-        return value
-    try:
-        return engine_value(value, physical_devices(nvml))
-    finally:
-        nvml.nvmlShutdown()
 
 
 def _text(value: Any) -> str:

@@ -185,7 +185,7 @@ class Preloader:
         self.proc.wait()
         with self.cond:
             if self.state in ("starting", "ready"):
-                from vramgate.runtime.process import describe_exit  # here: that module imports this one
+                from vramgate.runtime.exits import describe_exit  # the gate's side only (see above)
 
                 self.why = f"it {describe_exit(self.proc.returncode or 0)} (log: {self.log_path})"
             self.state = "gone" if self.state != "refused" else self.state

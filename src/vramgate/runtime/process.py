@@ -202,19 +202,6 @@ def wait_or_kill(proc: Child, timeout_s: float | None,
         await_groups_gone([proc.pid])
 
 
-def describe_exit(status: int) -> str:
-    """How a child ended, from its exit status: ``exited with status 1``, ``was killed by SIGKILL (out of
-    memory?)`` (the kernel's out-of-memory killer sends SIGKILL; so may a person or a runner)."""
-    if status == -signal.SIGKILL:
-        return "was killed by SIGKILL (out of memory?)"
-    if status < 0:
-        try:
-            return f"was killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"was killed by signal {-status}"
-    return f"exited with status {status}"
-
-
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last *lines* lines of the log *path* (empty when it cannot be read)."""
     try:

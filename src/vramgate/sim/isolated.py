@@ -26,7 +26,8 @@ from typing import Any
 
 from vramgate.profiles import Profile, build_overlay
 from vramgate.runtime import engine_env
-from vramgate.runtime.process import describe_exit, launch, pythonpath, tail, wait_or_kill
+from vramgate.runtime.exits import describe_exit
+from vramgate.runtime.process import launch, pythonpath, tail, wait_or_kill
 from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
 from vramgate.sim.simulator import SimResult, SimulationError, simulate
 from vramgate.workloads import Workload

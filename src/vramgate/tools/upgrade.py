@@ -39,6 +39,7 @@ from vramgate.core.records import read_json
 from vramgate.machine.software import distribution_version
 from vramgate.profiles import load_profiles
 from vramgate.runtime import engine_env, process
+from vramgate.runtime.exits import describe_exit
 
 #: Where ``vramgate upgrade`` makes the engine environments it is not given, under the project root.
 ENGINES_DIR = Path(".vramgate") / "engines"
@@ -183,7 +184,7 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
     side.status = -1 if status is None else status
     side.outcomes, side.failed, side.skipped = junit_outcomes(side.folder / "junit.xml")
     if not side.report.is_file():
-        how = process.describe_exit(side.status) if status is not None else f"ran past {SIDE_TIMEOUT_S:g} s"
+        how = describe_exit(side.status) if status is not None else f"ran past {SIDE_TIMEOUT_S:g} s"
         raise UpgradeError(f"{side.label}: the run {how} and wrote no report --- log tail ({log}) ---\n"
                            f"{process.tail(log)}")
     print(f"vramgate upgrade: {side.label}: {side.outcomes} in {side.seconds:.0f} s", flush=True)

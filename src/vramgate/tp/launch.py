@@ -30,6 +30,7 @@ from pathlib import Path
 
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
+from vramgate.runtime.exits import describe_exit
 from vramgate.tp.spec import RankResult, TPError, TPSpec, TPSpecError
 
 #: Seconds between two looks at the ranks.
@@ -131,7 +132,7 @@ class Launcher:
         for rank in range(self.world_size):
             if rank == blamed:
                 continue
-            state = process.describe_exit(codes[rank]) if rank in codes else "was still running and was stopped"
+            state = describe_exit(codes[rank]) if rank in codes else "was still running and was stopped"
             last = process.tail(self.log_path(rank), 1)
             lines.append(f"  rank {rank} {state}" + (f"; its last line: {last}" if last else ""))
         return "\n".join(lines)
@@ -149,7 +150,7 @@ class Launcher:
                     final = {r: p.returncode for r, p in enumerate(self.procs) if p.returncode is not None}
                     log_tail = process.tail(self.log_path(blamed))
                     raise TPError(
-                        f"{self.label} rank {blamed} of {self.world_size} {process.describe_exit(failed[blamed])} "
+                        f"{self.label} rank {blamed} of {self.world_size} {describe_exit(failed[blamed])} "
                         f"after {self._elapsed():.1f} s; every rank was stopped\n{self._others(blamed, final)}\n"
                         f"--- rank {blamed} log tail ({self.log_path(blamed)}) ---\n{log_tail}",
                         rank=blamed, log_tail=log_tail, run_dir=self.run_dir)

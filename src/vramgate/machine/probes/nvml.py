@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vramgate.machine import devices
+
 
 class NVMLUnavailable(RuntimeError):
     """NVML cannot be used here (no nvidia-ml-py, no driver, or no GPU)."""
@@ -53,8 +55,6 @@ class DeviceMemory:
 
 def read_device(index: int = 0) -> DeviceMemory:
     """Read CUDA device *index*'s memory and its processes' usage now (``CUDA_VISIBLE_DEVICES`` applied)."""
-    from vramgate.machine import devices
-
     nvml = open_nvml()
     try:
         try:
@@ -75,3 +75,19 @@ def read_device(index: int = 0) -> DeviceMemory:
 def process_used_bytes(pid: int, index: int = 0) -> int:
     """Device memory used by *pid* and its threads on device *index* (0 when it has none)."""
     return read_device(index).processes.get(pid, 0)
+
+
+def engine_visible_devices(value: str | None) -> str | None:
+    """:func:`~vramgate.machine.devices.engine_value` of *value* against this host's NVML devices (Note [full UUIDs
+    for vLLM] in :mod:`vramgate.machine.devices`); *value* unchanged where it holds indices only or NVML cannot be
+    read."""
+    if not devices.needs_rewrite(value):
+        return value
+    try:
+        nvml = open_nvml()
+    except NVMLUnavailable:
+        return value
+    try:
+        return devices.engine_value(value, devices.physical_devices(nvml))
+    finally:
+        nvml.nvmlShutdown()
