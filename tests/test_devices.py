@@ -156,12 +156,12 @@ def test_engines_get_the_devices_cuda_sees_with_full_uuids(value: str | None, ex
 def test_an_engines_environment_names_its_gpus_by_full_uuid(host: Any, monkeypatch: pytest.MonkeyPatch,
                                                             tmp_path: Any) -> None:
     from vramgate.engine import EngineSpec
-    from vramgate.engine.runner import engine_env
+    from vramgate.engine.runner import engine_process_env
 
     spec = EngineSpec(model="tiny-llama")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-3eb,GPU-1c9")
-    assert engine_env(spec, tmp_path)["CUDA_VISIBLE_DEVICES"] == f"{HOST[3].uuid},{HOST[1].uuid}"
+    assert engine_process_env(spec, tmp_path)["CUDA_VISIBLE_DEVICES"] == f"{HOST[3].uuid},{HOST[1].uuid}"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
-    assert engine_env(spec, tmp_path)["CUDA_VISIBLE_DEVICES"] == "2,0"
+    assert engine_process_env(spec, tmp_path)["CUDA_VISIBLE_DEVICES"] == "2,0"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert "CUDA_VISIBLE_DEVICES" not in engine_env(spec, tmp_path)
+    assert "CUDA_VISIBLE_DEVICES" not in engine_process_env(spec, tmp_path)

@@ -187,11 +187,11 @@ def test_vllms_ipc_sockets_fit_a_unix_socket_path_under_a_deep_run_folder(tmp_pa
     ``ipc://{VLLM_RPC_BASE_PATH}/{uuid4}``; under the run's own temporary folder that is past 107 bytes."""
     import uuid
 
-    from vramgate.engine import engine_env
+    from vramgate.engine import engine_process_env
     from vramgate.runtime.vllm_env import UNIX_SOCKET_PATH_MAX
 
     deep = tmp_path / "pytest-of-runner" / "pytest-123" / "engine0" / ("tiny-llama-" + "0" * 16)
-    env = engine_env(EngineSpec(model="tiny-llama", tensor_parallel_size=2), deep)
+    env = engine_process_env(EngineSpec(model="tiny-llama", tensor_parallel_size=2), deep)
     assert len(f"{env['VLLM_RPC_BASE_PATH']}/{uuid.uuid4()}") <= UNIX_SOCKET_PATH_MAX
     assert len(f"{env['TMPDIR']}/{uuid.uuid4()}") > UNIX_SOCKET_PATH_MAX  # vLLM's default would not fit
     assert Path(env["VLLM_RPC_BASE_PATH"]).is_dir()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import EngineSpec, engine_env
+from vramgate.engine import EngineSpec, engine_process_env
 from vramgate.engine.arguments import GPU_HEADROOM_BYTES, GPU_UTILIZATION_MAX, gpu_utilization, llm_kwargs
 from vramgate.engine.measure import worker_allocator
 from vramgate.machine import hardware
-from vramgate.profiles.manifest import find_profile, unmet_here
+from vramgate.profiles.manifest import find_profile, requirement_problem
 from vramgate.sim import settings_of_engine
 from vramgate.tools.install import gpu_torch_problem
 
@@ -90,9 +90,9 @@ def test_flashmla_needs_a_hopper_or_blackwell_gpu(
 ) -> None:
     seen = tuple(hardware.GPUInfo("GPU", 80 * GIB, capability) for _ in range(gpus))
     monkeypatch.setattr(hardware, "visible_gpus", lambda: seen)
-    problem = unmet_here(find_profile(ROOT, "attention-flashmla"), "cuda")
+    problem = requirement_problem(find_profile(ROOT, "attention-flashmla"), "cuda")
     assert (problem is not None) == skips
-    assert unmet_here(find_profile(ROOT, "attention-flashmla"), "cpu") is not None  # a GPU-tier profile
+    assert requirement_problem(find_profile(ROOT, "attention-flashmla"), "cpu") is not None  # a GPU-tier profile
 
 
 def test_a_profile_needing_gpus_runs_where_they_are(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -103,9 +103,9 @@ def test_a_profile_needing_gpus_runs_where_they_are(monkeypatch: pytest.MonkeyPa
     profile = dataclasses.replace(find_profile(ROOT, "attention-triton-mla"),
                                   requires=Requirements(device="cuda", gpus=2))
     monkeypatch.setattr(hardware, "visible_gpus", lambda: (hardware.GPUInfo("GPU", GIB, (8, 0)),) * 2)
-    assert unmet_here(profile, "cuda") is None  # before: always "needs 2 GPU(s); 0 visible"
+    assert requirement_problem(profile, "cuda") is None  # before: always "needs 2 GPU(s); 0 visible"
     monkeypatch.setattr(hardware, "visible_gpus", lambda: (hardware.GPUInfo("GPU", GIB, (8, 0)),))
-    assert unmet_here(profile, "cuda") == "profile attention-triton-mla needs 2 GPU(s); 1 visible"
+    assert requirement_problem(profile, "cuda") == "profile attention-triton-mla needs 2 GPU(s); 1 visible"
 
 
 # -- 10. compiled kernels are shared by the engines of a session ---------------------------------------------------
@@ -113,8 +113,8 @@ def test_a_profile_needing_gpus_runs_where_they_are(monkeypatch: pytest.MonkeyPa
 
 def test_kernel_caches_are_shared_by_a_sessions_engines(tmp_path: Path) -> None:
     shared = tmp_path / "vllm-cache"
-    a = engine_env(SPEC, tmp_path / "run-a", cache_root=shared)
-    b = engine_env(SPEC, tmp_path / "run-b", cache_root=shared)
+    a = engine_process_env(SPEC, tmp_path / "run-a", cache_root=shared)
+    b = engine_process_env(SPEC, tmp_path / "run-b", cache_root=shared)
     for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT"):
         assert a[name] == b[name] and a[name].startswith(str(shared))
     assert a["TMPDIR"] != b["TMPDIR"]  # temporary files stay per run

@@ -15,13 +15,13 @@ from vramgate.matrix import (
     MATRIX_FILE,
     Machine,
     MatrixError,
+    collection_problem,
     default_matrix,
+    gpu_count_problem,
     load_matrix,
     missing_trace,
-    not_here,
     parse_matrix,
     project_matrix,
-    skip_here,
 )
 from vramgate.testing import SMALL_RUN_BLOCK_SIZE, matrix_params
 from vramgate.tools.cli import main
@@ -121,13 +121,13 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 def test_selection_by_tier_gpu_class_and_gpu_count(tmp_path: Path) -> None:
     big = parse_matrix(GOOD, "vramgate.toml", ROOT).entries[0]
     h100x2 = Machine("gpu", "gpu-nvidia-h100-80gb-hbm3-x2", 2)
-    assert not_here(big, "cpu", lambda: h100x2) == "entry for the gpu tier; this machine's engine tier is cpu"
-    assert not_here(big, "gpu", lambda: h100x2) is None
+    assert collection_problem(big, "cpu", lambda: h100x2) == "entry for the gpu tier; this machine's engine tier is cpu"
+    assert collection_problem(big, "gpu", lambda: h100x2) is None
     h200 = Machine("gpu", "gpu-nvidia-h200-x8", 8)
-    assert not_here(big, "gpu", lambda: h200) == ("entry for GPU class H100; this machine's hardware key is "
+    assert collection_problem(big, "gpu", lambda: h200) == ("entry for GPU class H100; this machine's hardware key is "
                                                   "gpu-nvidia-h200-x8")
-    assert skip_here(big, h100x2) == "TP 4 needs 4 GPUs; this machine has 2"
-    assert skip_here(big, Machine("gpu", "h100", 4)) is None
+    assert gpu_count_problem(big, h100x2) == "TP 4 needs 4 GPUs; this machine has 2"
+    assert gpu_count_problem(big, Machine("gpu", "h100", 4)) is None
     assert "trace 'sharegpt-team' is not imported yet" in (missing_trace(big, tmp_path) or "")
     (tmp_path / "fixtures" / "workloads").mkdir(parents=True)
     (tmp_path / "fixtures" / "workloads" / "sharegpt-team.json").write_text("{}")

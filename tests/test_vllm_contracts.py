@@ -29,7 +29,7 @@ SUPPORTED = {"==0.31.*": "0.31", "==0.32.*": "0.32", "==0.33.*": "0.33"}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def vllm_here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_in_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """vLLM importable, offline, its files in this module's own folder; the release's short name."""
     pytest.importorskip("vllm")
     version = vllm_version()
@@ -86,7 +86,7 @@ def test_scheduler_has_what_the_simulator_and_probe_use() -> None:
         assert callable(getattr(kv_cache_utils, name)), name
 
 
-def test_the_simulator_runs_and_its_probe_sees_the_blocks(vllm_here: str) -> None:
+def test_the_simulator_runs_and_its_probe_sees_the_blocks(vllm_in_process: str) -> None:
     """Eight requests prefilled in one step hold the sum of their per-request block ceilings (the version adapter
     for the scheduler's KV config, the block pool and the managers' req_to_blocks the probe reads)."""
     from vramgate.sim import simulate

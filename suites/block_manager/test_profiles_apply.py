@@ -22,12 +22,12 @@ def digest(paths: list[Path]) -> str:
 
 
 @pytest.mark.gate_profiles()
-def test_profile_applies(vllm_here: Path, profile: Profile) -> None:
+def test_profile_applies(vllm_in_process: Path, profile: Profile) -> None:
     assert check(profile) is None
 
 
 @pytest.mark.gate_profiles(where=lambda p: "attention_backend" in p.engine_args)
-def test_backend_profiles_fit_their_backend(vllm_here: Path, profile: Profile) -> None:
+def test_backend_profiles_fit_their_backend(vllm_in_process: Path, profile: Profile) -> None:
     """On a GPU its [requires] admits, the profile's engine arguments pass vLLM 0.32.0's backend checks; on one
     it does not admit, vLLM's class says why (the gate skips with that reason instead of crashing at start)."""
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
@@ -40,7 +40,7 @@ def test_backend_profiles_fit_their_backend(vllm_here: Path, profile: Profile) -
         assert "compute capability 8.0" in found[0]
 
 
-def test_backend_block_size_is_checked(vllm_here: Path) -> None:
+def test_backend_block_size_is_checked(vllm_in_process: Path) -> None:
     spec = EngineSpec(model="deepseek-v2-lite", workload="fixed", requests=1, block_size=16,
                       attention_backend="FLASHMLA")
     found = backend_problem(spec, (9, 0))
@@ -49,7 +49,7 @@ def test_backend_block_size_is_checked(vllm_here: Path) -> None:
     assert unknown is not None and "is not one of vLLM's backends" in unknown[0]
 
 
-def test_refused_profiles_leave_vllm_byte_identical(vllm_here: Path, project_root: Path, tmp_path: Path) -> None:
+def test_refused_profiles_leave_vllm_byte_identical(vllm_in_process: Path, project_root: Path, tmp_path: Path) -> None:
     good = load_profile(project_root / "patches" / "block-manager-min-recompute")
     problem = version_problem(good)
     if problem:

@@ -90,7 +90,7 @@ def processes_of(run_dir: Path) -> list[int]:
 
 
 @pytest.fixture
-def vllm_untouched(vllm_here: Path) -> Iterator[None]:
+def vllm_untouched(vllm_in_process: Path) -> Iterator[None]:
     """Fails the test if any file of the installed vLLM changed while it ran."""
     before = package_digest("vllm")
     yield

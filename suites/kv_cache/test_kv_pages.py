@@ -24,7 +24,7 @@ GIB = 1 << 30
 
 @pytest.mark.gate_matrix("kv_cache", id="{model}-bs{block_size}-{kv_cache_dtype}")
 def test_kv_page_and_capacity(
-    gate: Gate, vllm_here: Path, model_shape: ModelLoader, model: str, block_size: int, kv_cache_dtype: str
+    gate: Gate, vllm_in_process: Path, model_shape: ModelLoader, model: str, block_size: int, kv_cache_dtype: str
 ) -> None:
     from vramgate.models.vllm_kv import vllm_kv_layout
 
@@ -52,7 +52,7 @@ def test_kv_page_and_capacity(
 
 @pytest.mark.gate_matrix("kv_cache", id="{model}")
 def test_bytes_per_token_do_not_depend_on_block_size(
-    vllm_here: Path, model_shape: ModelLoader, model: str, block_sizes: tuple[int, ...]
+    vllm_in_process: Path, model_shape: ModelLoader, model: str, block_sizes: tuple[int, ...]
 ) -> None:
     """The article's table has block size 16 vs 32 change peak memory; per-token KV bytes cannot."""
     from vramgate.models.vllm_kv import vllm_kv_layout
@@ -66,7 +66,7 @@ def test_bytes_per_token_do_not_depend_on_block_size(
 ARTICLE_HEADS, ARTICLE_HEAD_DIM, ARTICLE_PADDED = 64, 128, 8448
 
 
-def test_article_alignment_claim(gate: Gate, vllm_here: Path) -> None:
+def test_article_alignment_claim(gate: Gate, vllm_in_process: Path) -> None:
     """The article's shape (64 KV heads x 128, bf16, block 16) through vLLM's FullAttentionSpec."""
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec

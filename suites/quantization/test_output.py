@@ -40,7 +40,7 @@ BATCH = 16
 
 
 @pytest.fixture(scope="module")
-def vllm_layers(vllm_here: Path) -> Iterator[None]:
+def vllm_layers(vllm_in_process: Path) -> Iterator[None]:
     """vLLM's tensor-parallel state for one process, which its layer parameters need; torn down after."""
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import (

@@ -19,7 +19,7 @@ from vramgate.engine.runner import (
     EngineCache,
     EngineError,
     EngineResult,
-    engine_env,
+    engine_process_env,
     run_engine,
 )
 from vramgate.engine.spec import (
@@ -51,7 +51,7 @@ __all__ = [
     "backend_problem",
     "confirmed_rounds",
     "cpu_backend_problem",
-    "engine_env",
+    "engine_process_env",
     "engine_tier",
     "fusion_problem",
     "kernel_problem",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramgate.engine.runner import engine_env
+from vramgate.engine.runner import engine_process_env
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
@@ -268,7 +268,7 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
     plan_path = run_dir / "plan.json"
     plan_path.write_text(json.dumps({"loads": plan}, indent=1), encoding="utf-8")
     log_path = run_dir / "client.log"
-    env = engine_env(servers[0].spec, run_dir)
+    env = engine_process_env(servers[0].spec, run_dir)
     cmd = [servers[0].spec.python or engine_python(), "-m", "vramgate.engine.load_client",
            str(plan_path)]
     timeout = CLIENT_BASE_S + CLIENT_S_PER_REQUEST * sum(load.num_prompts for _, load, _ in items)

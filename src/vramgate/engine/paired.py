@@ -28,7 +28,7 @@ from typing import Any
 from vramgate.core.metrics import format_change, median
 from vramgate.core.records import record_fields
 from vramgate.core.stats import compare_samples
-from vramgate.engine.runner import EngineError, engine_env, preload_folder
+from vramgate.engine.runner import EngineError, engine_process_env, preload_folder
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
 from vramgate.runtime import preload as preloading
 from vramgate.runtime import process
@@ -119,7 +119,7 @@ class EngineServer:
         spec_path.write_text(json.dumps({"spec": resolved.to_json(), "root": str(root)}, indent=2, sort_keys=True))
         self.command = [resolved.python or engine_python(), "-m", "vramgate.engine.worker", "--serve",
                         str(spec_path), str(self.control)]
-        self.env = engine_env(resolved, run_dir, paths, cache_root)
+        self.env = engine_process_env(resolved, run_dir, paths, cache_root)
         self.proc: process.Child | None = None
         if start:
             self.start(preload)

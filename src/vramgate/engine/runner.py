@@ -129,7 +129,7 @@ class EngineResult:
         return dataclasses.asdict(self)
 
 
-def engine_env(
+def engine_process_env(
     spec: EngineSpec, run_dir: Path, extra_pythonpath: list[Path] | None = None, cache_root: Path | None = None
 ) -> dict[str, str]:
     """The environment of an engine subprocess: vLLM's (:mod:`vramgate.runtime.vllm_env`, logging at INFO),
@@ -206,8 +206,8 @@ def run_engine(
         result_path.unlink()
     cmd = [spec.python or engine_python(), "-m", "vramgate.engine.worker", str(spec_path), str(result_path)]
     start = time.monotonic()
-    proc = process.launch(cmd, log_path, env=engine_env(spec, run_dir, extra_pythonpath, cache_root), cwd=run_dir,
-                          preload=preload)
+    env = engine_process_env(spec, run_dir, extra_pythonpath, cache_root)
+    proc = process.launch(cmd, log_path, env=env, cwd=run_dir, preload=preload)
     try:
         rc = process.wait_or_kill(proc, spec.timeout_s)  # the worker's own children (vLLM's engine core) go with it
     except PreloadError as exc:

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from vramgate.engine.runner import EngineError, engine_env
+from vramgate.engine.runner import EngineError, engine_process_env
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
 from vramgate.machine.probes.cpu import tree_rss_bytes
 from vramgate.models.config import load_model
@@ -106,7 +106,7 @@ class ApiServer:
             "spec": self.spec.to_json(), "root": str(self.root), "config": str(config),
             "model_dir": str(self.model_dir), "host": HOST, "port": self.port, "served_name": self.served_name,
         }, indent=2, sort_keys=True), encoding="utf-8")
-        env = engine_env(self.spec, self.run_dir, self._paths, self._cache_root)
+        env = engine_process_env(self.spec, self.run_dir, self._paths, self._cache_root)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs its engine core as vLLM does: apart
         # Its API server and engine core talk over IPC sockets: Note [IPC socket path] in vramgate.runtime.vllm_env.
         cmd = [self.spec.python or engine_python(), "-m", "vramgate.engine.api_server", str(server_json)]

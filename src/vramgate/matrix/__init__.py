@@ -19,7 +19,7 @@ from vramgate.matrix.loader import (
     parse_matrix,
 )
 from vramgate.matrix.project import matrix_path, project_matrix
-from vramgate.matrix.select import Machine, gpu_class, missing_trace, not_here, skip_here
+from vramgate.matrix.select import Machine, collection_problem, gpu_class, gpu_count_problem, missing_trace
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -36,14 +36,14 @@ __all__ = [
     "Serving",
     "ServingLoad",
     "Workload",
+    "collection_problem",
     "default_matrix",
     "gpu_class",
+    "gpu_count_problem",
     "load_matrix",
     "matrix_path",
     "missing_trace",
-    "not_here",
     "parse_budget",
     "parse_matrix",
     "project_matrix",
-    "skip_here",
 ]

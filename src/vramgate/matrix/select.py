@@ -33,7 +33,7 @@ def gpu_class(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def not_here(entry: Entry, tier: str, machine: Callable[[], Machine]) -> str | None:
+def collection_problem(entry: Entry, tier: str, machine: Callable[[], Machine]) -> str | None:
     """Why *entry* is not collected on a machine of engine tier *tier* (Note [matrix selection]), or None.
 
     *machine* is called only when the entry names a GPU class (reading the hardware may take a moment).
@@ -47,7 +47,7 @@ def not_here(entry: Entry, tier: str, machine: Callable[[], Machine]) -> str | N
     return None
 
 
-def skip_here(entry: Entry, machine: Machine) -> str | None:
+def gpu_count_problem(entry: Entry, machine: Machine) -> str | None:
     """Why a collected *entry* skips on *machine* (too few GPUs for its TP size), or None."""
     if machine.tier == "gpu" and entry.tp > machine.gpu_count:
         return f"TP {entry.tp} needs {entry.tp} GPUs; this machine has {machine.gpu_count}"

@@ -42,7 +42,7 @@ from vramgate.profiles.manifest import (
     load_profiles,
     patches_dir,
     profiles_for_suite,
-    unmet_here,
+    requirement_problem,
     unmet_requirement,
 )
 from vramgate.profiles.overlay import build_overlay, check, installed_target, patched_files, target_covers
@@ -76,9 +76,9 @@ __all__ = [
     "patched_files",
     "patches_dir",
     "profiles_for_suite",
+    "requirement_problem",
     "target_covers",
     "unified_diff",
-    "unmet_here",
     "unmet_requirement",
     "write_proposal",
 ]

@@ -262,7 +262,7 @@ def unmet_requirement(profile: Profile, device: str, gpus: int, capability: tupl
     return None
 
 
-def unmet_here(profile: Profile, tier: str) -> str | None:
+def requirement_problem(profile: Profile, tier: str) -> str | None:
     """The skip reason when this machine does not meet *profile*'s hardware needs: *tier* (``cpu``/``cuda``)
     and the GPUs it sees (count and the first one's compute capability, probed lazily)."""
     gpus = hardware.visible_gpus() if tier == "cuda" else ()

@@ -19,10 +19,10 @@ import pytest
 
 from vramgate.machine import hardware, isa
 from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
+from vramgate.pytest_plugin.allocator_snapshots import HISTORY_FOLDER, CallHistory, MemoryHistory, apply_engine_switch
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.hygiene import HygienePlugin
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
-from vramgate.pytest_plugin.memory_history import HISTORY_FOLDER, CallHistory, MemoryHistory, apply_engine_switch
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
 from vramgate.report import failure_message, junit_properties, plan_baseline_lines, plan_lines, rows_of, text_table

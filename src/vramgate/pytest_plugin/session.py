@@ -134,7 +134,7 @@ class GateSession:
         """The versions of the software a baseline records (read on first use)."""
         if self._software is None:
             self._software = software_versions()
-            if self.options.engine_python:  # what is measured is the engine environment's (Note [engine env])
+            if self.options.engine_python:  # what is measured is the engine environment's (vramgate.runtime.engine_env)
                 env = engine_env.probe(self.options.engine_python)
                 if not env.is_gate_interpreter:
                     self._software.update({**env.versions(), "engine_python": env.python})

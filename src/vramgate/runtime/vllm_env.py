@@ -1,7 +1,7 @@
 """vLLM's environment for one gate run: offline, no usage reports, every file inside the run's folder.
 
 One place decides what vLLM sees, for all its uses: the engine subprocess
-(:func:`vramgate.engine.runner.engine_env`), the in-process simulator
+(:func:`vramgate.engine.runner.engine_process_env`), the in-process simulator
 (:func:`vramgate.sim.simulator.simulate`), the suites' ``vllm_env`` fixture and ``vramgate simulate``.
 
 Note [vLLM log level]: an engine subprocess logs at ``INFO``, because its log is

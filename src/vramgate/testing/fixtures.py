@@ -123,7 +123,7 @@ def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def vllm_here(vllm_env: Path) -> Path:
+def vllm_in_process(vllm_env: Path) -> Path:
     """:func:`vllm_env` for a test that imports vLLM in its own process (KV specs, layers, the installed
     package): skips when the engine environment is another interpreter, whose vLLM this process does not import
     (``vramgate upgrade`` runs the suites under each environment's own interpreter, where these run)."""

@@ -36,10 +36,10 @@ from vramgate.matrix import (
     Machine,
     Matrix,
     MatrixError,
+    collection_problem,
+    gpu_count_problem,
     missing_trace,
-    not_here,
     project_matrix,
-    skip_here,
 )
 
 #: The mark's line in ``pytest --markers``.
@@ -164,14 +164,14 @@ def matrix_params(matrix: Matrix, suite: str, argnames: list[str], id_format: st
     params: list[Any] = []
     seen: dict[str, dict[str, Any]] = {}
     for entry in matrix.for_suite(suite):
-        if not_here(entry, tier, this_machine) is not None:
+        if collection_problem(entry, tier, this_machine) is not None:
             continue
         block_sizes = entry.block_size if "block_size" in argnames else entry.block_size[:1]
         kv_dtypes = entry.kv_cache_dtype if "kv_cache_dtype" in argnames else entry.kv_cache_dtype[:1]
         marks: list[Any] = [pytest.mark.gate_matrix_entry(entry)]
         if entry.nightly is not None:
             marks.append(pytest.mark.gate_nightly(entry.nightly))
-        skip = skip_here(entry, this_machine()) if tier == "gpu" and entry.tp > 1 else None
+        skip = gpu_count_problem(entry, this_machine()) if tier == "gpu" and entry.tp > 1 else None
         skip = skip or missing_trace(entry, root)
         if skip is not None:
             marks.append(pytest.mark.skip(reason=f"matrix entries[{entry.index}]: {skip}"))

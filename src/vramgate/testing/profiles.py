@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from vramgate.engine import EngineSpec
-from vramgate.profiles import Profile, load_profiles, profiles_for_suite, unmet_here
+from vramgate.profiles import Profile, load_profiles, profiles_for_suite, requirement_problem
 
 #: The argument the mark parametrizes.
 ARGNAME = "profile"
@@ -66,7 +66,7 @@ def skip_unmet(profile: Profile | None) -> None:
         return
     from vramgate.engine import engine_tier
 
-    problem = unmet_here(profile, "cpu" if engine_tier() == "cpu" else "cuda")
+    problem = requirement_problem(profile, "cpu" if engine_tier() == "cpu" else "cuda")
     if problem:
         pytest.skip(f"profile {profile.name} on this tier: {problem}")
 

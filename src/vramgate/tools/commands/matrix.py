@@ -59,7 +59,7 @@ def coverage(matrix: Matrix, root: Path) -> list[dict[str, Any]]:
     ``not collected``) and why not."""
     from vramgate.engine import engine_tier
     from vramgate.machine import hardware
-    from vramgate.matrix import Machine, missing_trace, not_here, skip_here
+    from vramgate.matrix import Machine, collection_problem, gpu_count_problem, missing_trace
 
     tier = engine_tier()
 
@@ -70,11 +70,11 @@ def coverage(matrix: Matrix, root: Path) -> list[dict[str, Any]]:
 
     rows = []
     for entry in matrix.entries:
-        why = not_here(entry, tier, machine)
+        why = collection_problem(entry, tier, machine)
         here = "not collected"
         if why is None:
-            why = (skip_here(entry, machine()) if tier == "gpu" and entry.tp > 1 else None) or missing_trace(entry,
-                                                                                                           root)
+            why = (gpu_count_problem(entry, machine()) if tier == "gpu" and entry.tp > 1 else None) \
+                or missing_trace(entry, root)
             here = "skips" if why else "runs"
         rows.append({"index": entry.index, "suites": list(entry.suites), "model": entry.model.name,
                      "config": entry.model.config, "tier": entry.tier, "gpu": entry.gpu, "tp": entry.tp,
