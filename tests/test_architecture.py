@@ -150,3 +150,24 @@ def test_the_docstring_rule_sees_a_gap(tmp_path: Path) -> None:
                     'class C:\n    """A class."""\n\n    def to_json(self) -> None:\n        pass\n\n'
                     '    def __repr__(self) -> str:\n        return ""\n')
     assert undocumented("vramgate.core.fake", path) == ["vramgate.core.fake.f", "vramgate.core.fake.C.to_json"]
+
+
+def test_suites_import_only_the_gate_and_its_testing_layer() -> None:
+    """A suite builds on ``vramgate`` (the gate fixture's object) and ``vramgate.testing`` (fixtures, helpers and the
+    names of the layers below it that suites use) only: the modules behind them may split or move."""
+    root = PACKAGE.parents[1]
+    wrong = []
+    for path in sorted((root / "suites").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                if name.split(".")[0] == "vramgate" and name not in ("vramgate", "vramgate.testing"):
+                    wrong.append(f"{path.relative_to(root)}:{node.lineno} imports {name}")
+    assert not wrong, "suites import from vramgate and vramgate.testing only:\n" + "\n".join(wrong)
+
+
+def test_the_package_says_it_is_typed() -> None:
+    """PEP 561: ``py.typed`` ships with the package, so users' type checkers read the typed fixtures."""
+    assert (PACKAGE / "py.typed").is_file()
+    assert 'vramgate = ["py.typed"]' in (PACKAGE.parents[1] / "pyproject.toml").read_text(encoding="utf-8")

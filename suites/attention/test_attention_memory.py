@@ -10,11 +10,12 @@ resident memory shows the same difference between the math and flash backends.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from vramgate import Gate
-from vramgate.machine.probes.cpu import PeakRSS
-from vramgate.models.attention import TORCH_FLASH_EXTRA, AttentionShape, explain_splits, torch_flash_transient_bytes
+from vramgate.testing import TORCH_FLASH_EXTRA, AttentionShape, PeakRSS, explain_splits, torch_flash_transient_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -31,18 +32,18 @@ def shape_for(kind: str, ratio: int) -> AttentionShape:
     return AttentionShape(8, Q_HEADS, kv_heads, 1, 8192, HEAD_SIZE)
 
 
-def make_inputs(shape: AttentionShape, device: str, dtype: object) -> tuple[object, object, object]:
+def make_inputs(shape: AttentionShape, device: str, dtype: Any) -> tuple[Any, Any, Any]:
     """q, k, v as ``{B, H, S, d}`` views of ``{B, S, H, d}`` storage (the layout FlashAttention reads)."""
     gen = torch.Generator(device=device).manual_seed(0)
 
-    def one(heads: int, length: int) -> object:
+    def one(heads: int, length: int) -> Any:
         t = torch.randn(shape.batch, length, heads, shape.head_size, device=device, dtype=dtype, generator=gen)
         return t.transpose(1, 2)
 
     return one(shape.q_heads, shape.q_len), one(shape.kv_heads, shape.k_len), one(shape.kv_heads, shape.k_len)
 
 
-def sdpa_backend(name: str) -> object:
+def sdpa_backend(name: str) -> Any:
     from torch.nn.attention import SDPBackend
 
     return {
@@ -53,7 +54,7 @@ def sdpa_backend(name: str) -> object:
     }[name]
 
 
-def run_sdpa(q: object, k: object, v: object, backend: str, gqa: bool) -> object:
+def run_sdpa(q: Any, k: Any, v: Any, backend: str, gqa: bool) -> Any:
     from torch.nn.attention import sdpa_kernel
 
     with sdpa_kernel(sdpa_backend(backend)), torch.no_grad():
@@ -66,7 +67,7 @@ def run_sdpa(q: object, k: object, v: object, backend: str, gqa: bool) -> object
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_attention_transient(gate: Gate, backend: str, ratio: int, kind: str) -> None:
     """Allocator peak of one SDPA call minus its inputs, per backend, GQA ratio and phase."""
-    from vramgate.machine.probes.cuda import CudaRegion
+    from vramgate.testing import CudaRegion
 
     shape = shape_for(kind, ratio)
     q, k, v = make_inputs(shape, "cuda", torch.bfloat16)
@@ -115,7 +116,7 @@ def test_cuda_attention_transient(gate: Gate, backend: str, ratio: int, kind: st
             + (f" (it fits {found} splits, the heuristic says {splits})" if found else ""))
 
 
-def lse_of(q: object, k: object, v: object) -> object:
+def lse_of(q: Any, k: Any, v: Any) -> Any:
     """The log-sum-exp torch's flash kernel returns, ``{B, Hq, Sq}`` fp32 (k, v expanded to query heads)."""
     if q.is_cuda:
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[1]

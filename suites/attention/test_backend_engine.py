@@ -18,9 +18,18 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import EngineSpec, PairedEngines, confirmed_rounds, engine_tier, latency_spec, paired_defaults
-from vramgate.profiles import Profile
-from vramgate.testing import Engine, runnable_candidate, skip_unmet
+from vramgate.testing import (
+    Engine,
+    EngineSpec,
+    PairedEngines,
+    Profile,
+    confirmed_rounds,
+    engine_tier,
+    latency_spec,
+    paired_defaults,
+    runnable_candidate,
+    skip_unmet,
+)
 
 #: The DeepSeek-class (MLA) model the backends run: 576 values per token and layer (kv_lora_rank 512 + rope 64).
 MODEL = "tiny-deepseek-v2"

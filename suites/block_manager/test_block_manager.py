@@ -12,19 +12,21 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import EngineResult, cpu_backend_problem, engine_tier
-from vramgate.profiles import Profile
-from vramgate.sim import SimResult
 from vramgate.testing import (
     PRESSURE_SPEC,
     Engine,
+    EngineResult,
     ModelLoader,
+    Profile,
+    SimResult,
     Simulator,
+    build,
     check_claims,
+    cpu_backend_problem,
+    engine_tier,
     skip_unmet,
     unpaired_latency_tolerance,
 )
-from vramgate.workloads import build
 
 SIM_REQUESTS = 5000
 SIM_KV_BLOCKS = 4096

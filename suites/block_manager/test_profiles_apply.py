@@ -9,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import EngineSpec, backend_problem
-from vramgate.profiles import PatchError, Profile, build_overlay, check, installed_target, load_profile
-from vramgate.testing import version_problem
+from vramgate.testing import (
+    EngineSpec,
+    PatchError,
+    Profile,
+    backend_problem,
+    build_overlay,
+    check,
+    installed_target,
+    load_profile,
+    version_problem,
+)
 
 
 def digest(paths: list[Path]) -> str:

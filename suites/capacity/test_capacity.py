@@ -25,9 +25,10 @@ def test_engine_kv_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader
     spec = matrix_case.engine_spec(small_run_spec(model, block_size))
     kv_dtype = spec.kv_cache_dtype
     shape = model_shape(model)
+    assert spec.kv_budget_gib is not None  # the shared small run has a fixed budget
     budget = int(spec.kv_budget_gib * 2**30)
     if computed_tier():  # Note [a tier's portable figures computed on CPU]: vLLM's own accounting at the budget
-        from vramgate.models.vllm_kv import vllm_kv_layout
+        from vramgate.testing import vllm_kv_layout
 
         layout = vllm_kv_layout(model_shape.path(model), block_size=block_size, kv_cache_dtype=kv_dtype,
                                 budget_bytes=budget, max_model_len=spec.max_model_len)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import random
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ class DecodeStep:
         self.up = torch.randn(INTERMEDIATE, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.01
         self.down = torch.randn(HIDDEN, INTERMEDIATE, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.01
 
-    def __call__(self, x: object) -> object:
+    def __call__(self, x: Any) -> Any:
         h = torch.nn.functional.gelu(x @ self.up.t())
         return x + h @ self.down.t()
 
@@ -45,9 +46,9 @@ class Captured:
 
     def __init__(self, step: DecodeStep, sizes: list[int], shared: bool) -> None:
         self.sizes = sorted(sizes)
-        self.graphs: dict[int, object] = {}
-        self.inputs: dict[int, object] = {}
-        self.outputs: dict[int, object] = {}
+        self.graphs: dict[int, Any] = {}
+        self.inputs: dict[int, Any] = {}
+        self.outputs: dict[int, Any] = {}
         self.capture_bytes: dict[int, int] = {}
         pool = torch.cuda.graph_pool_handle() if shared else None
         stream = torch.cuda.Stream()
@@ -67,7 +68,7 @@ class Captured:
             self.capture_bytes[size] = torch.cuda.memory_reserved() - before
             self.graphs[size], self.inputs[size], self.outputs[size] = graph, x, out
 
-    def run(self, x: object) -> object:
+    def run(self, x: Any) -> Any:
         """Pad *x* to the next captured size, replay that graph, return the rows of *x*."""
         size = self.sizes[bisect.bisect_left(self.sizes, x.shape[0])]
         self.inputs[size][: x.shape[0]].copy_(x)
@@ -91,7 +92,7 @@ def step() -> DecodeStep:
 
 
 def _device_used() -> int | None:
-    from vramgate.machine.probes.nvml import NVMLUnavailable, read_device
+    from vramgate.testing import NVMLUnavailable, read_device
 
     try:
         return read_device(0).used_bytes
@@ -131,7 +132,7 @@ def test_capture_memory(gate: Gate, step: DecodeStep, pool: str) -> None:
 
 def test_replay_dynamic_batch_peak(gate: Gate, step: DecodeStep) -> None:
     """Memory while replaying a seeded stream of batch sizes 1..512, against the memory the captures took."""
-    from vramgate.machine.probes.cuda import CudaRegion
+    from vramgate.testing import CudaRegion
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

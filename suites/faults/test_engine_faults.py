@@ -35,11 +35,20 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import KV_TOO_SMALL, EngineError, EngineSpec, SpecError, kv_need, run_engine, validate
-from vramgate.machine.gpu_processes import alive
-from vramgate.machine.probes.cpu import children, rss_bytes
-from vramgate.pytest_plugin.plugin import SESSION_NAME
-from vramgate.testing import Engine
+from vramgate.testing import (
+    KV_TOO_SMALL,
+    Engine,
+    EngineError,
+    EngineSpec,
+    SpecError,
+    alive,
+    children,
+    gate_session,
+    kv_need,
+    rss_bytes,
+    run_engine,
+    validate,
+)
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the real engine's fault paths: the harness's robustness, no profile's figures")
@@ -123,9 +132,7 @@ def test_kv_budget_too_small_in_the_engine(engine: Engine, vllm_untouched: None,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's own check refuses the budget; the gate says so, with its figures and vLLM's message. (The gate's
     check before the engine starts would refuse it first: it is switched off here, as if it had missed it.)"""
-    import vramgate.engine.runner as runner
-
-    monkeypatch.setattr(runner, "validate", lambda spec, root: None)
+    monkeypatch.setattr("vramgate.engine.runner.validate", lambda spec, root: None)  # the fault: no check before
     with pytest.raises(EngineError) as info:
         engine.cache.run(OOM_SPEC)
     err = info.value
@@ -187,8 +194,7 @@ def _cmdline(pid: int) -> str:
 @pytest.mark.requires_gpus(1)
 def test_kv_budget_beyond_device_memory(engine: Engine, vllm_untouched: None, request: pytest.FixtureRequest) -> None:
     """A KV budget twice the device's memory: the KV allocation fails and the gate names the device OOM."""
-    session = request.config.pluginmanager.get_plugin(SESSION_NAME)
-    total = max(g.memory_bytes for g in session.gpus)
+    total = max(g.memory_bytes for g in gate_session(request.config).gpus)
     spec = OOM_SPEC.replace(engine_args={}, kv_budget_gib=2 * total / 2**30)
     with pytest.raises(EngineError) as info:
         engine.cache.run(spec)
@@ -198,8 +204,7 @@ def test_kv_budget_beyond_device_memory(engine: Engine, vllm_untouched: None, re
 
 def snapshot_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """Where an allocator snapshot goes: next to the report (``--gate-report DIR``), else the test's folder."""
-    session = request.config.pluginmanager.get_plugin(SESSION_NAME)
-    report_dir = getattr(session, "report_dir", None)
+    report_dir = gate_session(request.config).report_dir
     return Path(report_dir) / "oom-snapshots" if report_dir else tmp_path
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.models.config import ModelShape
-from vramgate.testing import ModelLoader
+from vramgate.testing import ModelLoader, ModelShape
 
 GIB = 1 << 30
 
@@ -26,7 +25,7 @@ GIB = 1 << 30
 def test_kv_page_and_capacity(
     gate: Gate, vllm_in_process: Path, model_shape: ModelLoader, model: str, block_size: int, kv_cache_dtype: str
 ) -> None:
-    from vramgate.models.vllm_kv import vllm_kv_layout
+    from vramgate.testing import vllm_kv_layout
 
     shape: ModelShape = model_shape(model)
     layout = vllm_kv_layout(
@@ -55,7 +54,7 @@ def test_bytes_per_token_do_not_depend_on_block_size(
     vllm_in_process: Path, model_shape: ModelLoader, model: str, block_sizes: tuple[int, ...]
 ) -> None:
     """The article's table has block size 16 vs 32 change peak memory; per-token KV bytes cannot."""
-    from vramgate.models.vllm_kv import vllm_kv_layout
+    from vramgate.testing import vllm_kv_layout
 
     per_token = {
         bs: vllm_kv_layout(model_shape.path(model), block_size=bs).page_bytes // bs for bs in block_sizes
@@ -71,7 +70,7 @@ def test_article_alignment_claim(gate: Gate, vllm_in_process: Path) -> None:
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    from vramgate.machine.software import software_versions
+    from vramgate.testing import software_versions
 
     block = 16
     spec = FullAttentionSpec(block_size=block, num_kv_heads=ARTICLE_HEADS, head_size=ARTICLE_HEAD_DIM,

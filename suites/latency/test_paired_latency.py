@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import (
+from vramgate.testing import (
+    ModelLoader,
     PairedEngines,
+    Profile,
     confirmed_rounds,
     engine_tier,
     latency_spec,
     paired_defaults,
+    runnable_candidate,
+    skip_unmet,
 )
-from vramgate.profiles import Profile
-from vramgate.testing import ModelLoader, runnable_candidate, skip_unmet
 
 
 @pytest.mark.gate_profiles("latency")

@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import PairedEngines, engine_tier, latency_spec, paired_defaults
-from vramgate.runtime.engine_env import EngineEnv
-from vramgate.testing import small_run_block_size
+from vramgate.testing import EngineEnv, PairedEngines, engine_tier, latency_spec, paired_defaults, small_run_block_size
 
 MODEL = ["tiny-llama", "tiny-deepseek-v2"]
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.sim import settings_of_engine
-from vramgate.testing import PRESSURE_SPEC, Engine, Simulator
-from vramgate.workloads import build
+from vramgate.testing import PRESSURE_SPEC, Engine, Simulator, build, settings_of_engine
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the simulator's agreement with the engine: block_manager gates the profiles")

@@ -19,10 +19,7 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import EngineResult, engine_tier
-from vramgate.models.quant import kv_gain_tokens, layout
-from vramgate.profiles import Profile
-from vramgate.testing import QuantRuns
+from vramgate.testing import EngineResult, Profile, QuantRuns, engine_tier, kv_gain_tokens, layout
 
 
 def figures(result: EngineResult) -> dict[str, float]:

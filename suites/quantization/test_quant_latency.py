@@ -14,9 +14,7 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.core.metrics import median
-from vramgate.profiles import Profile
-from vramgate.testing import QuantRuns, unpaired_latency_tolerance
+from vramgate.testing import Profile, QuantRuns, median, unpaired_latency_tolerance
 
 #: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
 TOLERANCE = unpaired_latency_tolerance()

@@ -22,12 +22,20 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import engine_tier
-from vramgate.models.config import read_config
-from vramgate.models.cpu_resident import vllm_cpu_resident
-from vramgate.models.quant import SCHEMES, checkpoint_tensors, format_bytes, layout, weight_size
-from vramgate.profiles import Profile
-from vramgate.testing import Checkpoints, QuantRuns, checkpoint_of
+from vramgate.testing import (
+    SCHEMES,
+    Checkpoints,
+    Profile,
+    QuantRuns,
+    checkpoint_of,
+    checkpoint_tensors,
+    engine_tier,
+    format_bytes,
+    layout,
+    read_config,
+    vllm_cpu_resident,
+    weight_size,
+)
 
 #: Parameter counts as published: Llama's exactly (model cards / checkpoint index), DeepSeek's rounded
 #: (model cards: 15.7B, 236B, 671B without the multi-token-prediction module) with the relative slack they allow.
@@ -150,7 +158,7 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: QuantRuns, profile: Prof
             reference_params = quant_runs.run(None).memory["parameter_bytes"]
             assert params < reference_params, f"{params:,} B quantized vs {reference_params:,} B bf16"
         return
-    from vramgate.machine import isa
+    from vramgate.testing import isa
 
     resident = vllm_cpu_resident(quant_runs.checkpoints.config, scheme, group, isa_class=isa.effective_isa())
     checkpoint = quant_runs.checkpoints.get(scheme, group).total_bytes

@@ -27,16 +27,17 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.engine import EngineSpec, engine_tier
-from vramgate.engine.load import memory_slope
-from vramgate.engine.paired_load import paired_settings
-from vramgate.matrix import ServingLoad
-from vramgate.profiles import Profile
 from vramgate.testing import (
+    EngineSpec,
     MatrixCase,
     ModelLoader,
+    Profile,
     Servers,
+    ServingLoad,
+    engine_tier,
+    memory_slope,
     paired_burst,
+    paired_settings,
     rate_load,
     runnable_candidate,
     skip_unmet,
@@ -70,16 +71,16 @@ def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: fl
     gate.record_samples("ttft", result.ttft_s, unit="s", tolerance=unpaired_latency_tolerance(first_token=True))
     gate.record_samples("tpot", result.tpot_s, unit="s", tolerance=tolerance)
     gate.record_samples("e2el", result.e2el_s, unit="s", tolerance=tolerance)
-    pct, tail = result.percentiles, {"unit": "s", "scope": "machine", "history": False}
-    gate.record("ttft_p90", pct["ttft"][90], **tail)
-    gate.record("ttft_p99", pct["ttft"][99], **tail)
-    gate.record("tpot_p90", pct["tpot"][90], **tail)
-    gate.record("tpot_p99", pct["tpot"][99], **tail)
-    gate.record("itl_p50", pct["itl"][50], **tail)
-    gate.record("itl_p90", pct["itl"][90], **tail)
-    gate.record("itl_p99", pct["itl"][99], **tail)
-    gate.record("e2el_p90", pct["e2el"][90], **tail)
-    gate.record("e2el_p99", pct["e2el"][99], **tail)
+    pct = result.percentiles
+    gate.record("ttft_p90", pct["ttft"][90], unit="s", scope="machine", history=False)
+    gate.record("ttft_p99", pct["ttft"][99], unit="s", scope="machine", history=False)
+    gate.record("tpot_p90", pct["tpot"][90], unit="s", scope="machine", history=False)
+    gate.record("tpot_p99", pct["tpot"][99], unit="s", scope="machine", history=False)
+    gate.record("itl_p50", pct["itl"][50], unit="s", scope="machine", history=False)
+    gate.record("itl_p90", pct["itl"][90], unit="s", scope="machine", history=False)
+    gate.record("itl_p99", pct["itl"][99], unit="s", scope="machine", history=False)
+    gate.record("e2el_p90", pct["e2el"][90], unit="s", scope="machine", history=False)
+    gate.record("e2el_p99", pct["e2el"][99], unit="s", scope="machine", history=False)
     gate.record("request_throughput", result.request_throughput, unit="requests/s", better="higher",
                 scope="machine", history=False)
     gate.record("output_throughput", result.output_throughput, unit="tokens/s", better="higher", scope="machine",

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.sim import simulate
-from vramgate.testing import ModelLoader
-from vramgate.workloads import build
+from vramgate.testing import ModelLoader, build, simulate
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the simulator's determinism: a property of the harness, not of a profile")

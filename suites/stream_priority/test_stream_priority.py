@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ ELEMENTS = 1 << 28
 
 
 @pytest.fixture(scope="module")
-def streams() -> dict[str, object]:
+def streams() -> dict[str, Any]:
     """A low- and a high-priority stream (the device's least and greatest priority)."""
     least, greatest = torch.cuda.Stream.priority_range()
     return {
@@ -90,7 +91,7 @@ class Load:
         return f"{self.count} elementwise kernels over {ELEMENTS:,} bf16 values"
 
 
-def _under_load(stream: object, work: object, load_stream: object, load: Load) -> float:
+def _under_load(stream: Any, work: Any, load_stream: Any, load: Load) -> float:
     """Seconds *work* takes on *stream* when issued while *load* keeps every SM busy on *load_stream*."""
     torch.cuda.synchronize()
     with torch.cuda.stream(load_stream):
@@ -104,10 +105,10 @@ def _under_load(stream: object, work: object, load_stream: object, load: Load) -
         end.record(stream)
     end.synchronize()
     torch.cuda.synchronize()
-    return begin.elapsed_time(end) / 1e3
+    return float(begin.elapsed_time(end)) / 1e3
 
 
-def _measure(streams: dict[str, object], work: object, load: Load) -> dict[str, list[float]]:
+def _measure(streams: dict[str, Any], work: Any, load: Load) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"high": [], "low": []}
     _under_load(streams["low"], work, streams["load"], load)  # warm-up
     for _ in range(SAMPLES):
@@ -117,7 +118,7 @@ def _measure(streams: dict[str, object], work: object, load: Load) -> dict[str, 
 
 
 @pytest.mark.parametrize("load", ["gemm", "elementwise"])
-def test_small_kernel_under_load(gate: Gate, streams: dict[str, object], load: str) -> None:
+def test_small_kernel_under_load(gate: Gate, streams: dict[str, Any], load: str) -> None:
     """A small kernel on the high-priority stream vs the low one, issued behind a saturating load.
 
     Priority picks which waiting thread blocks start when SMs free up; it
@@ -143,7 +144,7 @@ def test_small_kernel_under_load(gate: Gate, streams: dict[str, object], load: s
     )
 
 
-def test_host_to_device_copy_under_load(gate: Gate, streams: dict[str, object]) -> None:
+def test_host_to_device_copy_under_load(gate: Gate, streams: dict[str, Any]) -> None:
     """A pinned host-to-device copy takes the same time on either priority: copies run on the copy engines."""
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
     dev = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")

@@ -43,17 +43,17 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.core.metrics import median
-from vramgate.machine.gpu_processes import alive
-from vramgate.testing import TPRunner
-from vramgate.tp import (
+from vramgate.testing import (
     DTYPE_BYTES,
     Launcher,
     MLPShape,
     RankResult,
     TPError,
+    TPRunner,
     TPSpec,
+    alive,
     launcher,
+    median,
     overlap_fraction,
     peak_change,
 )

@@ -26,9 +26,7 @@ from typing import Any
 import pytest
 
 from vramgate import Gate
-from vramgate.core.metrics import median
-from vramgate.engine import EngineResult, EngineSpec, fusion_problem
-from vramgate.testing import Engine, ModelLoader
+from vramgate.testing import Engine, EngineResult, EngineSpec, ModelLoader, fusion_problem, median
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("tensor-parallel claims: no optimization profile changes them")

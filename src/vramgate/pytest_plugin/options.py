@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from vramgate.report.export import EXPORT_FILES, parse_export
 from vramgate.runtime.engine_env import ENGINE_PYTHON_VAR
 
 MISSING_POLICIES = ("fail", "record", "skip")
@@ -251,6 +250,9 @@ def read_exports(config: pytest.Config, report_dir: Path | None, asked: list[str
     """(format, absolute file) of each ``--gate-export`` (else of the ini value ``gate_export``); a relative PATH
     from the directory pytest was started in (the ini file's folder for the ini value), none into *report_dir*."""
     values = config.getoption("gate_export")
+    if not values and not config.getini("gate_export"):
+        return ()
+    from vramgate.report.export import EXPORT_FILES, parse_export  # only when an export is asked for
     base = config.invocation_params.dir
     flag = "--gate-export"
     if not values:

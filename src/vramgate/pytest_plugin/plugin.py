@@ -25,7 +25,6 @@ from vramgate.pytest_plugin.hygiene import HygienePlugin
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
-from vramgate.report import failure_message, junit_properties, plan_baseline_lines, plan_lines, rows_of, text_table
 from vramgate.runtime import engine_env
 from vramgate.store.baselines import BaselineError
 
@@ -169,6 +168,8 @@ class GatePlugin:
         if reporter is None:
             return
         verbose = self.config.option.verbose > 0
+        from vramgate.report import plan_baseline_lines, plan_lines
+
         lines = plan_lines(self.session.plan(session.items), self.session.fingerprint, self.session.gpus,
                            verbose=verbose)
         lines += plan_baseline_lines(self.session.plan_baselines(session.items), self.session.fingerprint.key,
@@ -268,6 +269,8 @@ class GatePlugin:
                 self.session.claims.extend((recorder.nodeid, c) for c in recorder.claims)
             self._keep_history(item, report, history, report.failed)
             return
+        from vramgate.report import failure_message, junit_properties, rows_of, text_table  # a test that recorded
+
         gs = self.session
         gs.claims.extend((recorder.nodeid, c) for c in recorder.claims)
         result = gs.evaluate(recorder, test_passed=report.passed)

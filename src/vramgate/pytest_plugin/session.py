@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,10 +22,12 @@ from vramgate.machine.software import git_commit, now_utc, software_versions, ve
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_value
 from vramgate.pytest_plugin.options import read_options
-from vramgate.report.summary import CheckedMetric, Hardware, NodeSummary, Summary, accept_command
 from vramgate.runtime import engine_env
 from vramgate.store.baselines import BaselineError, DirectoryStorage, NodeBaseline
 from vramgate.store.moves import Move
+
+if TYPE_CHECKING:  # the report's types are imported only when a summary is made (Note [inert until asked])
+    from vramgate.report.summary import Hardware, NodeSummary, Summary
 
 MISSING_VERDICTS: dict[str, Verdict] = {"fail": "missing", "record": "new", "skip": "not compared"}
 
@@ -374,6 +376,8 @@ class GateSession:
 
     def accept_command(self, nodeids: list[str]) -> str:
         """The command that re-records the baselines of *nodeids* on this hardware."""
+        from vramgate.report.summary import accept_command
+
         return accept_command(nodeids, self.accept_args())
 
     def rel(self, path: Path | None) -> str:
@@ -387,11 +391,15 @@ class GateSession:
 
     def hardware(self) -> Hardware:
         """The hardware compared against, as the report names it."""
+        from vramgate.report.summary import Hardware
+
         fp = self.fingerprint
         return Hardware(fp.key, self.computed_tier or fp.tier, fp.source, fp.to_json())
 
     def node_summary(self, result: NodeResult) -> NodeSummary:
         """*result* as plain data, its baseline files as a person reads them."""
+        from vramgate.report.summary import CheckedMetric, NodeSummary
+
         metrics = []
         for f in result.findings:
             path = result.path_of(f)
@@ -420,6 +428,8 @@ class GateSession:
 
     def summary(self) -> Summary:
         """Everything the session found, for the terminal summary and the report files."""
+        from vramgate.report.summary import Summary
+
         return Summary(
             hardware=self.hardware(),
             baselines_dir=str(self.baselines_dir),

@@ -14,6 +14,7 @@ import pytest
 
 from vramgate.engine import EngineCache
 from vramgate.profiles import Profile
+from vramgate.pytest_plugin.session import GateSession
 from vramgate.runtime import engine_env
 from vramgate.runtime.vllm_env import vllm_environment
 from vramgate.testing.engines import PROFILE_OPTION, Engine
@@ -204,16 +205,22 @@ def tp_runner(tmp_path_factory: pytest.TempPathFactory) -> TPRunner:
     return TPRunner(tmp_path_factory.mktemp("tp"))
 
 
+def gate_session(config: pytest.Config) -> GateSession:
+    """The gate's session of this pytest run (its :attr:`~GateSession.gpus`, its
+    :attr:`~GateSession.report_dir`, its options): what a suite reads of the run instead of the plugin manager."""
+    from vramgate.pytest_plugin.plugin import SESSION_NAME
+
+    session = config.pluginmanager.get_plugin(SESSION_NAME)
+    if not isinstance(session, GateSession):
+        raise RuntimeError("the vramgate plugin is not configured in this pytest run")
+    return session
+
+
 @pytest.fixture(scope="session")
 def upgrade_from(request: pytest.FixtureRequest, vllm_env: Path) -> engine_env.EngineEnv:
     """The engine environment of the vLLM an upgrade run upgrades from (``--gate-upgrade-from PY``, set by
     ``vramgate upgrade``); the run's own engine environment is the one upgraded to. Skips outside an upgrade run."""
-    from vramgate.pytest_plugin.plugin import SESSION_NAME
-    from vramgate.pytest_plugin.session import GateSession
-
-    session = request.config.pluginmanager.get_plugin(SESSION_NAME)
-    assert isinstance(session, GateSession), "the vramgate plugin is not configured"
-    python = session.options.upgrade_from
+    python = gate_session(request.config).options.upgrade_from
     if python is None:
         pytest.skip("an upgrade run only: --gate-upgrade-from PY (vramgate upgrade sets it)")
     old, new = engine_env.probe(python).require_vllm(), engine_env.current()
