@@ -104,7 +104,7 @@ def test_index_and_uuid_forms_give_one_fingerprint_and_guard_device(
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     fp = hardware.detect()
-    assert fp.key == "nvidia-a100-sxm4-40gb-40gb-x1" and fp.device == "cuda" and fp.tier == "cuda"
+    assert fp.key == "nvidia-a100-sxm4-40gb-40gb-x1" and fp.device == "cuda" and fp.portable_key == "cuda"
     state = gpu_state.read_state(0)  # CUDA's device 0 is NVML's 3
     assert state.sm_clock_mhz == 1395 and state.processes == {444: 9 * GIB}
     assert nvml.read_device(0).used_bytes == 4 * GIB

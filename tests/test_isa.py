@@ -98,7 +98,7 @@ def test_cpu_key_names_the_isa_class(monkeypatch: pytest.MonkeyPatch, flags: str
     monkeypatch.setattr(hardware, "_cpu_model", lambda: "AMD EPYC")
     monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
     fp = hardware.detect()
-    assert fp.key == key and fp.tier == "cpu"
+    assert fp.key == key and fp.tier == "cpu" and fp.portable_key == "cpu"
     assert fp.to_json()["tier"] == "cpu" and "avx2" in fp.to_json()["flags"]
     assert fp.extra["isa_detected"] == isa.isa_class(flags.split(), "x86_64")
     assert ("isa_cap" in fp.extra) == (cap is not None)
@@ -108,7 +108,7 @@ def test_gpu_fingerprint_is_the_cuda_tier() -> None:
     gpu = hardware.GPUInfo("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0))
     fp = hardware.Fingerprint(key=hardware.gpu_key((gpu,)), device="cuda", arch="x86_64", cpu_model="x",
                               cpu_count=1, memory_bytes=1, gpus=(gpu,))
-    assert fp.key == "nvidia-h100-80gb-hbm3-80gb-x1" and fp.tier == "cuda"
+    assert fp.key == "nvidia-h100-80gb-hbm3-80gb-x1" and fp.tier == "gpu" and fp.portable_key == "cuda"
 
 
 def test_apply_cap_lowers_the_checks_vllm_reads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -141,16 +141,22 @@ def test_the_shipped_file_is_the_built_in_default_and_gives_todays_cases() -> No
     assert project_matrix(ROOT / "no-such-project").entries == default.entries
     models = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
     kv = matrix_params(default, "kv_cache", ["model", "block_size", "kv_cache_dtype"],
-                       "{model}-bs{block_size}-{kv_cache_dtype}", "t", "cpu", ROOT)
+                       "{model}-bs{block_size}-{kv_cache_dtype}", "t", "cpu", ROOT, CPU_BOX)
     assert [p.id for p in kv] == [f"{m}-bs{b}-{d}" for m, b, d in itertools.product(models, [16, 64, 128],
                                                                                      ["auto", "fp8"])]
     more = {"cpu": {"tiny-llama": (64, 128)}, "gpu": {"tiny-llama": (32, 128), "tiny-deepseek-v2": (64,)}}
     for tier, shared in SMALL_RUN_BLOCK_SIZE.items():
-        cap = matrix_params(default, "capacity", ["model", "block_size"], "{model}-bs{block_size}", "t", tier, ROOT)
+        box = CPU_BOX if tier == "cpu" else (lambda: Machine("gpu", "nvidia-h100-80gb-hbm3-80gb-x1", 1))
+        cap = matrix_params(default, "capacity", ["model", "block_size"], "{model}-bs{block_size}", "t", tier, ROOT,
+                            box)
         expected = [(f"{m}-bs{b}", b != s) for m, s in shared.items() for b in (s, *more[tier].get(m, ()))]
         assert [(p.id, any(mk.name == "gate_nightly" for mk in p.marks)) for p in cap] == expected
-        lat = matrix_params(default, "latency", ["model", "block_size"], "{model}", "t", tier, ROOT)
+        lat = matrix_params(default, "latency", ["model", "block_size"], "{model}", "t", tier, ROOT, box)
         assert [(p.id, p.values[1]) for p in lat] == list(shared.items())
+
+
+def CPU_BOX() -> Machine:
+    return Machine("cpu", "cpu-x86_64-avx512-bf16-amd-epyc", 0)
 
 
 GATED = """
@@ -276,3 +282,34 @@ def test_the_readme_shows_the_team_matrix_that_is_checked() -> None:
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text()
     assert "```toml\n" + (root / "examples" / "team-matrix.toml").read_text() + "```" in readme
+
+
+@pytest.mark.parametrize(("key", "gpu", "matches"), [
+    ("nvidia-l4-24gb-x1", "L4", True), ("nvidia-l40s-48gb-x1", "l4", False), ("nvidia-l40s-48gb-x1", "L40S", True),
+    ("nvidia-h100-80gb-hbm3-80gb-x8", "H100", True), ("nvidia-h100-80gb-hbm3-80gb-x8", "h1", False),
+    ("nvidia-a100-sxm4-40gb-x1", "A100-SXM4", True), ("nvidia-a100-sxm4-40gb-x1", "a100 sxm4", True),
+    ("nvidia-gh200-480gb-x1", "h200", False),
+])
+def test_a_gpu_class_matches_whole_words_of_the_key(key: str, gpu: str, matches: bool) -> None:
+    """An entry for GPU class L4 is not an L40S's (a substring of the key matched it)."""
+    from vramgate.machine.hardware import matches_gpu_class
+
+    assert matches_gpu_class(key, gpu) is matches
+    entry = parse_matrix(f'[models.tiny-llama]\n[[entries]]\nsuites = ["capacity"]\nmodel = "tiny-llama"\n'
+                         f'tier = "gpu"\ngpu = "{gpu}"\n', "vramgate.toml", ROOT).entries[0]
+    assert (collection_problem(entry, "gpu", lambda: Machine("gpu", key, 1)) is None) is matches
+
+
+def test_the_matrix_selects_by_the_sessions_hardware_key(pytester: pytest.Pytester) -> None:
+    """--gate-hardware names the machine for the matrix's selection too: an entry for GPU class H100 is collected
+    under an H100 key and not under an L40S one."""
+    matrix = MATRIX.replace('suites = ["capacity"]', 'suites = ["capacity"]\ntier = "gpu"\ngpu = "H100"')
+    gated(pytester, matrix)
+    args = ["-p", "vramgate.testing.fixtures", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    env = {"VRAMGATE_COMPUTE_TIER": "cuda"}  # the engine tier is the GPU's, whatever vLLM this interpreter has
+    for key, found in (("nvidia-h100-80gb-hbm3-80gb-x1", 2), ("nvidia-l40s-48gb-x1", 0)):
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            result = pytester.runpytest_subprocess(*args, "--gate-hardware", key)
+        assert result.stdout.str().count("test_run[tiny-llama") == found, result.stdout.str()

@@ -639,3 +639,28 @@ def test_a_baseline_says_where_another_tiers_figures_were_computed(tmp_path: Pat
                                                                                               "computed_on": 3}}}})
     with pytest.raises(BaselineError, match=r"kv.json: tests\['t'\].recorded.computed_on: must be a string"):
         parse_baseline(tmp_path / "kv.json", bad)
+
+
+def test_a_project_adds_facts_to_the_machine_info(pytester: pytest.Pytester) -> None:
+    """pytest_vramgate_machine_info (as pytest-benchmark's machine-info hook): a conftest's facts go into every
+    baseline file's hardware, next to what the gate detected, and leave the key alone."""
+    pytester.makeconftest("""
+        def pytest_vramgate_machine_info(config, machine_info):
+            machine_info["runner_pool"] = "gpu-pool-a"
+    """)
+    pytester.makepyfile(test_facts="""
+        def test_figure(gate):
+            gate.record("page_bytes", 8192, unit="B")
+    """)
+    pytester.runpytest("--gate-hardware", "test-hw", "--gate-update", "-p", "no:cacheprovider").assert_outcomes(
+        passed=1)
+    (stored,) = (pytester.path / "baselines").rglob("facts.json")
+    hardware_info = json.loads(stored.read_text())["hardware"]
+    assert hardware_info["extra"]["runner_pool"] == "gpu-pool-a"
+    assert hardware_info["key"] == "test-hw"
+    pytester.makeconftest("""
+        def pytest_vramgate_machine_info(config, machine_info):
+            machine_info["cores"] = 2
+    """)
+    result = pytester.runpytest("--gate-hardware", "test-hw", "-p", "no:cacheprovider")
+    result.stderr.fnmatch_lines(["*pytest_vramgate_machine_info: facts must map names to text; not: ?'cores'?"])

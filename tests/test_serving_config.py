@@ -97,13 +97,12 @@ def test_the_project_matrix_serves_on_both_tiers(monkeypatch: pytest.MonkeyPatch
     from vramgate.matrix import Machine, load_matrix
     from vramgate.testing import matrix as testing_matrix
 
-    monkeypatch.setattr(testing_matrix, "this_machine", lambda: Machine("gpu", "nvidia-h100-80gb-x1", 1))
     matrix = load_matrix(ROOT / "vramgate.toml", ROOT)
     argnames = ["model", "block_size", "kv_cache_dtype", "matrix_case"]
     for tier, ids, memory in (("cpu", ["tiny-llama-bs32", "tiny-deepseek-v2-bs16"], "cpu_memory_bytes"),
                               ("gpu", ["tiny-llama-bs16", "tiny-deepseek-v2-bs16"], "gpu_memory_utilization")):
         params = testing_matrix.matrix_params(matrix, "serving_capacity", argnames, "{model}-bs{block_size}", "t",
-                                              tier, ROOT)
+                                              tier, ROOT, lambda tier=tier: Machine(tier, "nvidia-h100-80gb-x1", 1))
         assert [p.id for p in params] == ids
         for p in params:
             case = p.values[-1]

@@ -14,9 +14,12 @@ at the CPU (``/proc/cpuinfo``). Keys are short, lower-case and stable:
   oneDNN run, so two CPUs of one model name but another class get two keys.
   Other architectures have no class in the key.
 
-Each fingerprint also names its *tier* (``cpu`` or ``cuda``): the key under
+Each fingerprint also names its *portable key* (``cpu`` or ``cuda``): the key under
 which portable metrics, figures that no machine of the tier changes, are
 stored and compared on every machine of that tier (:mod:`vramgate.core.metrics`).
+Its *tier* is the engine tier's word (``cpu`` or ``gpu``), as everywhere in the gate
+(the matrix's ``tier``, :func:`vramgate.engine.engine_tier`); records keep the
+portable key in their ``tier`` field.
 """
 
 from __future__ import annotations
@@ -92,9 +95,14 @@ class Fingerprint:
     """The CPU flags that decide the ISA class (AVX2, AVX-512, AMX), as ``/proc/cpuinfo`` lists them."""
 
     @property
-    def tier(self) -> str:
-        """The tier key portable metrics are stored under: ``cuda`` or ``cpu``."""
+    def portable_key(self) -> str:
+        """The key portable metrics are stored under: ``cuda`` or ``cpu``."""
         return TIER_KEYS[0] if self.device == "cuda" else TIER_KEYS[1]
+
+    @property
+    def tier(self) -> str:
+        """This machine's tier in the gate's one vocabulary: ``gpu`` or ``cpu``."""
+        return "gpu" if self.device == "cuda" else "cpu"
 
     def for_gpus(self, count: int) -> Fingerprint:
         """This fingerprint as a test that uses *count* GPUs sees it (Note [GPUs a test uses]): the first *count*
@@ -112,14 +120,14 @@ class Fingerprint:
         return Fingerprint(**{**self.__dict__, "key": gpu_key(gpus), "gpus": gpus})
 
     def to_json(self) -> dict[str, Any]:
-        """This fingerprint as JSON data (capabilities and flags as lists), with its tier."""
+        """This fingerprint as JSON data (capabilities and flags as lists), with its portable key as ``tier``."""
         data = asdict(self)
         data["gpus"] = [
             {**asdict(g), "capability": list(g.capability) if g.capability else None}
             for g in self.gpus
         ]
         data["flags"] = list(self.flags)
-        data["tier"] = self.tier
+        data["tier"] = self.portable_key  # the record field keeps the portable key (baselines/<tier>/)
         return data
 
 
@@ -201,6 +209,16 @@ def probe_gpus() -> tuple[tuple[GPUInfo, ...], str | None, str | None]:
 def visible_gpus() -> tuple[GPUInfo, ...]:
     """The GPUs this process can use (empty on a CPU machine). Probes lazily."""
     return probe_gpus()[0]
+
+
+def matches_gpu_class(key: str, gpu_class: str) -> bool:
+    """Whether the hardware *key* is of the class *gpu_class* (``h100``, ``A100-SXM4``, ``l40s``, ``cpu``): the
+    class, spelled as keys are (lower case, words joined by ``-``), is a run of whole words of the key, so ``l4``
+    matches ``nvidia-l4-24gb-x1`` and not ``nvidia-l40s-48gb-x1``, ``h100`` matches
+    ``nvidia-h100-80gb-hbm3-80gb-x8``."""
+    words = key.split("-")
+    wanted = re.sub(r"[^a-z0-9._]+", "-", gpu_class.lower()).strip("-._").split("-")
+    return any(words[i:i + len(wanted)] == wanted for i in range(len(words) - len(wanted) + 1))
 
 
 def gpu_key(gpus: tuple[GPUInfo, ...]) -> str:

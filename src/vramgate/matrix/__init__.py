@@ -19,7 +19,7 @@ from vramgate.matrix.loader import (
     parse_matrix,
 )
 from vramgate.matrix.project import matrix_path, project_matrix
-from vramgate.matrix.select import Machine, collection_problem, gpu_class, gpu_count_problem, missing_trace
+from vramgate.matrix.select import Machine, collection_problem, gpu_count_problem, missing_trace
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -38,7 +38,6 @@ __all__ = [
     "Workload",
     "collection_problem",
     "default_matrix",
-    "gpu_class",
     "gpu_count_problem",
     "load_matrix",
     "matrix_path",

@@ -1,7 +1,8 @@
 """Which entries of a matrix run on this machine, and why the others do not.
 
 Note [matrix selection]: an entry for another engine tier (``cpu``/``gpu``) or
-another GPU class (a class the hardware key does not contain) is not collected
+another GPU class (whole words of the hardware key, :func:`vramgate.machine.hardware.matches_gpu_class`: ``l4``
+is not ``l40s``) is not collected
 at all, so each machine's node ids are those of its own entries (baselines are
 keyed by node id); ``vramgate matrix`` lists them with the reason. An entry of
 this tier and class whose TP size needs more GPUs than the machine has is
@@ -10,11 +11,11 @@ collected and skipped with the reason, and so is one whose workload is a trace n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vramgate.machine.hardware import matches_gpu_class
 from vramgate.matrix.loader import Entry
 from vramgate.workloads import workloads_dir
 
@@ -28,11 +29,6 @@ class Machine:
     gpu_count: int
 
 
-def gpu_class(name: str) -> str:
-    """*name* as the hardware key spells a GPU class: lower case, runs of other characters as ``-``."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def collection_problem(entry: Entry, tier: str, machine: Callable[[], Machine]) -> str | None:
     """Why *entry* is not collected on a machine of engine tier *tier* (Note [matrix selection]), or None.
 
@@ -42,7 +38,7 @@ def collection_problem(entry: Entry, tier: str, machine: Callable[[], Machine]) 
         return f"entry for the {entry.tier} tier; this machine's engine tier is {tier}"
     if entry.gpu is not None:
         key = machine().hardware_key
-        if gpu_class(entry.gpu) not in key:
+        if not matches_gpu_class(key, entry.gpu):
             return f"entry for GPU class {entry.gpu}; this machine's hardware key is {key}"
     return None
 

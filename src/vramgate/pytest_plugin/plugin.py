@@ -25,12 +25,20 @@ from vramgate.pytest_plugin.hygiene import HygienePlugin
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
+from vramgate.pytest_plugin.worker_order import WorkerOrder
 from vramgate.runtime import engine_env
 from vramgate.store.baselines import BaselineError
 
 SESSION_NAME = "vramgate-session"
 GATE_KEY = pytest.StashKey[Gate]()
 HISTORY_KEY = pytest.StashKey[CallHistory]()
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Declare the gate's own hooks (:mod:`vramgate.pytest_plugin.hookspecs`)."""
+    from vramgate.pytest_plugin import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -90,6 +98,16 @@ def restore_env(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
+def gate_session(config: pytest.Config) -> GateSession:
+    """The gate's session of this pytest run (its :attr:`~GateSession.fingerprint`, :attr:`~GateSession.gpus`,
+    :attr:`~GateSession.report_dir`, its options): the one place the layers above read the run's machine and
+    options from."""
+    session = config.pluginmanager.get_plugin(SESSION_NAME)
+    if not isinstance(session, GateSession):
+        raise RuntimeError("the vramgate plugin is not configured in this pytest run")
+    return session
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     """An engine this machine cannot run (:class:`~vramgate.engine.UnsupportedHere`, raised before it starts: a
@@ -113,37 +131,11 @@ def gate(request: pytest.FixtureRequest) -> Gate:
     floor and against the baseline stored for this machine's hardware key; the
     test fails with one message listing every metric that falls short.
     """
-    session = request.config.pluginmanager.get_plugin(SESSION_NAME)
-    assert isinstance(session, GateSession), "the vramgate plugin is not configured"
+    session = gate_session(request.config)
     item = request.node
     recorder = Gate(item.nodeid, session.suite_for(item), session.gpus_used(item))
     item.stash[GATE_KEY] = recorder
     return recorder
-
-
-class WorkerOrder:
-    """``--gate-durations`` on a pytest-xdist worker: the order that deals each worker an about equally long run
-    of tests (Note [longest first] in vramgate.store.durations)."""
-
-    def __init__(self, durations: dict[str, float]) -> None:
-        self.durations = durations
-
-    @pytest.hookimpl(trylast=True)  # after -m and -k deselected: worksteal splits what is left
-    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Order *items* for this run's number of workers, the ``gate_reference`` tests first, the tests of one
-        ``gate_together`` group in one run."""
-        from vramgate.store.durations import worker_order
-
-        workers = int(getattr(config, "workerinput", {}).get("workercount") or 1)
-        first = [i for i, item in enumerate(items) if item.get_closest_marker("gate_reference") is not None]
-        groups: dict[str, list[int]] = {}
-        for i, item in enumerate(items):
-            mark = item.get_closest_marker("gate_together")
-            if mark is not None and mark.args:
-                groups.setdefault(str(mark.args[0]), []).append(i)
-        ranked = worker_order([item.nodeid for item in items], self.durations, workers, first,
-                              together=list(groups.values()))
-        items[:] = [items[i] for i in ranked]
 
 
 class GatePlugin:

@@ -6,6 +6,7 @@ machine's speed, the baseline) is one loop, kept in one place so that it reads a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,8 @@ class GateSession:
 
     @property
     def fingerprint(self) -> hardware.Fingerprint:
-        """This machine's fingerprint (probed on first use; ``--gate-hardware`` overrides the key)."""
+        """This machine's fingerprint, the one every layer of a session reads (probed on first use;
+        ``--gate-hardware`` overrides the key; a project's ``pytest_vramgate_machine_info`` adds facts)."""
         if self._fingerprint is None:
             try:
                 fp = hardware.detect()
@@ -121,6 +123,13 @@ class GateSession:
                     fp = hardware.with_key(fp, self.hardware_override)
                 except ValueError as exc:
                     raise pytest.UsageError(f"--gate-hardware: {exc}") from None
+            added: dict[str, str] = {}
+            self.config.hook.pytest_vramgate_machine_info(config=self.config, machine_info=added)
+            wrong = sorted(k for k, v in added.items() if not isinstance(k, str) or not isinstance(v, str))
+            if wrong:
+                raise pytest.UsageError(f"pytest_vramgate_machine_info: facts must map names to text; not: {wrong}")
+            if added:
+                fp = dataclasses.replace(fp, extra={**added, **fp.extra})
             self._fingerprint = fp
         return self._fingerprint
 
@@ -234,7 +243,7 @@ class GateSession:
         the hardware key of those GPUs otherwise (Note [GPUs a test uses] in :mod:`vramgate.machine.hardware`)."""
         fp = self.fingerprint
         if scope == "portable":
-            return self.computed_tier or fp.tier
+            return self.computed_tier or fp.portable_key
         return fp.for_gpus(gpus).key
 
     def has_baselines(self, key: str) -> bool:
@@ -394,7 +403,7 @@ class GateSession:
         from vramgate.report.summary import Hardware
 
         fp = self.fingerprint
-        return Hardware(fp.key, self.computed_tier or fp.tier, fp.source, fp.to_json())
+        return Hardware(fp.key, self.computed_tier or fp.portable_key, fp.source, fp.to_json())
 
     def node_summary(self, result: NodeResult) -> NodeSummary:
         """*result* as plain data, its baseline files as a person reads them."""

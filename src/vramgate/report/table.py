@@ -180,7 +180,7 @@ def plan_lines(plan: list[tuple[str, str, str | None]], fp: Fingerprint, visible
     """``--gate-plan``: per hardware need, how many tests carry it and whether they run on this machine."""
     gpus = ", ".join(f"{g.name} ({g.memory_bytes / 2**30:.0f} GiB, capability "
                      f"{'.'.join(map(str, g.capability)) if g.capability else '?'})" for g in visible) or "none"
-    out = [f"vramgate plan: hardware {fp.key} (tier {fp.tier}); GPUs visible: {gpus}"]
+    out = [f"vramgate plan: hardware {fp.key} (tier {fp.portable_key}); GPUs visible: {gpus}"]
     groups: dict[tuple[str, str | None], list[str]] = {}
     for nodeid, needs, reason in plan:
         groups.setdefault((needs, reason), []).append(nodeid)

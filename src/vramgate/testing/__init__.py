@@ -62,6 +62,7 @@ from vramgate.models.vllm_kv import vllm_kv_layout
 
 # -- optimization profiles (for the suites: import them from here) --
 from vramgate.profiles import PatchError, Profile, build_overlay, check, installed_target, load_profile
+from vramgate.pytest_plugin.plugin import gate_session
 from vramgate.runtime.engine_env import EngineEnv
 
 # -- the simulator, workloads and the matrix (for the suites: import them from here) --
@@ -77,7 +78,6 @@ from vramgate.testing.engines import (
     small_run_spec,
     unpaired_latency_tolerance,
 )
-from vramgate.testing.fixtures import gate_session
 from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, session_matrix
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem

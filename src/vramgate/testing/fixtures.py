@@ -14,7 +14,7 @@ import pytest
 
 from vramgate.engine import EngineCache
 from vramgate.profiles import Profile
-from vramgate.pytest_plugin.session import GateSession
+from vramgate.pytest_plugin.plugin import gate_session
 from vramgate.runtime import engine_env
 from vramgate.runtime.vllm_env import vllm_environment
 from vramgate.testing.engines import PROFILE_OPTION, Engine
@@ -203,17 +203,6 @@ def tp_runner(tmp_path_factory: pytest.TempPathFactory) -> TPRunner:
     """
     pytest.importorskip("torch")
     return TPRunner(tmp_path_factory.mktemp("tp"))
-
-
-def gate_session(config: pytest.Config) -> GateSession:
-    """The gate's session of this pytest run (its :attr:`~GateSession.gpus`, its
-    :attr:`~GateSession.report_dir`, its options): what a suite reads of the run instead of the plugin manager."""
-    from vramgate.pytest_plugin.plugin import SESSION_NAME
-
-    session = config.pluginmanager.get_plugin(SESSION_NAME)
-    if not isinstance(session, GateSession):
-        raise RuntimeError("the vramgate plugin is not configured in this pytest run")
-    return session
 
 
 @pytest.fixture(scope="session")

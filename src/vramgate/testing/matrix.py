@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,13 +139,18 @@ def session_matrix(config: pytest.Config) -> Matrix:
     return matrix
 
 
-@functools.cache
-def this_machine() -> Machine:
-    """This machine's tier, hardware key and GPU count (read once, when an entry needs them)."""
-    from vramgate.machine import hardware
+def session_machine(config: pytest.Config, tier: str) -> Callable[[], Machine]:
+    """What the matrix's selection reads of this run's machine: the session's fingerprint (``--gate-hardware``
+    applied, probed once per session, Note [GPUs a test uses] aside), read only when an entry needs it."""
 
-    fp = hardware.detect()
-    return Machine(engine_tier(), fp.key, len(fp.gpus))
+    @functools.cache
+    def machine() -> Machine:
+        from vramgate.pytest_plugin.plugin import gate_session
+
+        fp = gate_session(config).fingerprint
+        return Machine(tier, fp.key, len(fp.gpus))
+
+    return machine
 
 
 def _values(case: MatrixCase, argnames: list[str]) -> dict[str, Any]:
@@ -159,19 +164,20 @@ def _values(case: MatrixCase, argnames: list[str]) -> dict[str, Any]:
 
 
 def matrix_params(matrix: Matrix, suite: str, argnames: list[str], id_format: str, nodeid: str,
-                  tier: str, root: Path) -> list[Any]:
-    """The parameters (``pytest.param``) of a test that takes *argnames*, from *matrix*'s entries for *suite*."""
+                  tier: str, root: Path, machine: Callable[[], Machine]) -> list[Any]:
+    """The parameters (``pytest.param``) of a test that takes *argnames*, from *matrix*'s entries for *suite* on
+    *machine* (its tier, hardware key and GPU count, read only when an entry needs them)."""
     params: list[Any] = []
     seen: dict[str, dict[str, Any]] = {}
     for entry in matrix.for_suite(suite):
-        if collection_problem(entry, tier, this_machine) is not None:
+        if collection_problem(entry, tier, machine) is not None:
             continue
         block_sizes = entry.block_size if "block_size" in argnames else entry.block_size[:1]
         kv_dtypes = entry.kv_cache_dtype if "kv_cache_dtype" in argnames else entry.kv_cache_dtype[:1]
         marks: list[Any] = [pytest.mark.gate_matrix_entry(entry)]
         if entry.nightly is not None:
             marks.append(pytest.mark.gate_nightly(entry.nightly))
-        skip = gpu_count_problem(entry, this_machine()) if tier == "gpu" and entry.tp > 1 else None
+        skip = gpu_count_problem(entry, machine()) if tier == "gpu" and entry.tp > 1 else None
         skip = skip or missing_trace(entry, root)
         if skip is not None:
             marks.append(pytest.mark.skip(reason=f"matrix entries[{entry.index}]: {skip}"))
@@ -217,8 +223,9 @@ def parametrize_matrix(metafunc: pytest.Metafunc) -> None:
     argnames = [name for name in ARGUMENTS if name in metafunc.fixturenames]
     if "model" not in argnames:
         raise pytest.UsageError(f"{nodeid}: marked gate_matrix but takes no argument 'model'")
-    params = matrix_params(session_matrix(metafunc.config), suite, argnames, id_format, nodeid, engine_tier(),
-                           metafunc.config.rootpath)
+    tier = engine_tier()
+    params = matrix_params(session_matrix(metafunc.config), suite, argnames, id_format, nodeid, tier,
+                           metafunc.config.rootpath, session_machine(metafunc.config, tier))
     metafunc.parametrize(argnames, params)
 
 

