@@ -125,7 +125,7 @@ def test_caches_and_temp_files_stay_in_the_run_folder(
         "keys = ['VLLM_CACHE_ROOT', 'VLLM_CONFIG_ROOT', 'HF_HOME', 'TMPDIR', 'HF_HUB_OFFLINE', 'OMP_NUM_THREADS',"
         " 'VLLM_ENABLE_V1_MULTIPROCESSING', 'VLLM_LOGGING_LEVEL']\n"
         "env = {k: os.environ.get(k) for k in keys}\n"
-        "json.dump({'spec': {}, 'versions': {}, 'device': 'cpu', 'kv': {}, 'memory': {}, 'scheduler': {},"
+        "json.dump({'schema': 1, 'spec': {}, 'versions': {}, 'device': 'cpu', 'kv': {}, 'memory': {}, 'scheduler': {},"
         " 'latency': {}, 'timing': {}, 'notes': [env]}, open(sys.argv[2], 'w'))\n"
     )
     (fake_worker / "worker.py").write_text(code)

@@ -148,8 +148,8 @@ EXPECTED = {
     "truncated": "not valid JSON (line ",
     "empty": "not valid JSON (line 1, column 1: Expecting value)",
     "not-utf8": "cannot be read: 'utf-8' codec can't decode byte 0xff",
-    "wrong-schema": "schema: version 2 is not supported (this vramgate reads schema 1)",
-    "not-an-object": "top level: must be a JSON object",
+    "wrong-schema": "baseline file of schema 2, newer than this vramgate reads (schema 1): upgrade vramgate",
+    "not-an-object": "not a vramgate baseline file: the top level must be a JSON object",
     "metric-without-unit": "tests['test_kv.py::test_kv'].metrics['page_bytes']: missing field 'unit'",
 }
 
@@ -593,11 +593,14 @@ def test_engine_error_names_the_cause_and_the_gate_figures(fake_worker: Path, tm
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("[1, 2]", "that is not an engine result (must be a JSON object, got list)"),
-     ('{"spec": {}, "device": "cpu"}', "that is not an engine result (missing field(s) kv, latency, memory, "
-                                       "scheduler, timing, versions)"),
+    [("[1, 2]", "that is not an engine result (result: not a vramgate engine result: the top level must be a JSON "
+                "object)"),
+     ('{"schema": 1, "spec": {}, "device": "cpu"}', "that is not an engine result (missing field(s) kv, latency, "
+                                                    "memory, scheduler, timing, versions)"),
+     ('{"schema": 7, "spec": {}}', "that is not an engine result (result: engine result of schema 7, newer than "
+                                   "this vramgate reads (schema 1)"),
      ('{"spec": {', "left no readable result (Expecting property name")],
-    ids=["list", "missing-fields", "truncated"],
+    ids=["list", "missing-fields", "newer-schema", "truncated"],
 )
 def test_unusable_result_file_is_an_engine_error(fake_worker: Path, tmp_path: Path, content: str,
                                                  message: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from vramgate.core.records import record_fields
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.spec import (
+    ENGINE_RESULT_FORMAT,
     KV_TOO_SMALL,
     EngineSpec,
     apply_profile,
@@ -94,6 +95,7 @@ def diagnose(log: str) -> tuple[str, str]:
     return "", exception
 
 
+
 @dataclass
 class EngineResult:
     """What one engine run measured (see :mod:`vramgate.engine.worker` for each field's source)."""
@@ -117,16 +119,19 @@ class EngineResult:
 
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> EngineResult:
-        """The result in *data*; ``TypeError`` naming what is missing when it is not one. Fields it does not
-        know (the worker's own, such as ``planted_delay``) are left out."""
-        fields = record_fields(cls, data, where, TypeError, ignore_unknown=True)
+        """The result in *data* (:data:`ENGINE_RESULT_FORMAT`, migrated from its version); ``TypeError`` naming
+        what is missing when it is not one. Fields it does not know (the worker's own, such as
+        ``planted_delay``) are left out."""
+        record = ENGINE_RESULT_FORMAT.load(data, where or "result", TypeError)
+        fields = record_fields(cls, {k: v for k, v in record.items() if k != "schema"}, where, TypeError,
+                               ignore_unknown=True)
         if fields.get("decision") is not None:
             fields["decision"] = MemoryDecision.from_json(fields["decision"], f"{where or 'result'}: decision")
         return cls(**fields)
 
     def to_json(self) -> dict[str, Any]:
-        """The result as a JSON object (what :meth:`from_json` reads)."""
-        return dataclasses.asdict(self)
+        """The result as a JSON object (what :meth:`from_json` reads), with its schema."""
+        return {"schema": ENGINE_RESULT_FORMAT.current, **dataclasses.asdict(self)}
 
 
 def engine_process_env(

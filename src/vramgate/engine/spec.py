@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramgate.core.records import record_fields
+from vramgate.core.records import RecordFormat, record_fields
 from vramgate.machine import hardware
 from vramgate.models.config import ModelConfigError, load_model
 from vramgate.runtime import engine_env
@@ -96,6 +96,11 @@ class EngineSpec:
     def replace(self, **changes: Any) -> EngineSpec:
         """This spec with *changes*."""
         return dataclasses.replace(self, **changes)
+
+
+#: The format of the result an engine worker writes and the runner reads (Note [versioned records] in
+#: :mod:`vramgate.core.records`): schema 1, no earlier one.
+ENGINE_RESULT_FORMAT = RecordFormat("engine result", current=1)
 
 
 def engine_tier() -> str:

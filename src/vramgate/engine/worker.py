@@ -53,7 +53,7 @@ from vramgate.engine.memory_decision import (
     worker_load_peak,
     worker_memory_decision,
 )
-from vramgate.engine.spec import EngineSpec, kv_budget_bytes
+from vramgate.engine.spec import ENGINE_RESULT_FORMAT, EngineSpec, kv_budget_bytes
 from vramgate.machine import isa
 from vramgate.machine.probes import memory_history
 from vramgate.models.config import load_model
@@ -172,6 +172,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     page = worker["groups"][0]["page_bytes"] if worker["groups"] else None
     layers = sum(g["layers"] for g in worker["groups"])
     return {
+        "schema": ENGINE_RESULT_FORMAT.current,
         "spec": spec.to_json(),
         "versions": engine_versions(),
         "device": torch.cuda.get_device_name(0) if on_gpu else f"cpu ({platform.machine()})",

@@ -23,7 +23,7 @@ from vramgate.core.records import read_json
 from vramgate.machine.software import COMPARED_VERSIONS
 from vramgate.report.data import ReportError
 from vramgate.report.table import aligned
-from vramgate.store.report_files import ReportMetric, report_metrics
+from vramgate.store.report_files import ReportMetric, check_report, report_metrics
 
 #: The order of a suite's rows: what needs a look first.
 ROW_ORDER = ("regressed", "incompatible", "not compared", "removed", "added", "improved", "ok")
@@ -236,14 +236,11 @@ def _require(cond: bool, source: str, message: str) -> None:
 
 def _facts(data: Any, source: str, label: str, from_file: bool) -> RunFacts:
     """The header facts of one run, its top level validated (*source* names it in errors)."""
-    _require(isinstance(data, dict), source, "not a vramgate report.json: the top level must be a JSON object")
-    _require(data.get("schema") == 1, source,
-             f"not a vramgate report.json (schema 1): schema is {data.get('schema')!r}")
+    data = check_report(data, source, ReportError)
     hw = data.get("hardware")
     _require(isinstance(hw, dict) and isinstance(hw.get("key"), str), source, "hardware: must be an object with a key")
     software = data.get("software", {})
     _require(isinstance(software, dict), source, "software: must be an object")
-    _require(isinstance(data.get("tests"), list), source, "tests: must be a list")
     failing = tuple(t["nodeid"] for t in data["tests"] if isinstance(t, dict) and t.get("test_passed") is False)
     versions = {k: str(v) for k, v in software.items()}
     return RunFacts(label, source if from_file else "", hw["key"], str(hw.get("tier", "?")), versions,

@@ -19,6 +19,7 @@ from vramgate.report.summary import Summary
 from vramgate.report.table import rows_of
 from vramgate.report.terminal import failure_message
 from vramgate.store.files import new_file_mode, stage_text
+from vramgate.store.report_files import REPORT_FORMAT, check_report
 
 
 def junit_properties(findings: list[Finding]) -> list[tuple[str, str]]:
@@ -66,7 +67,7 @@ def report_data(summary: Summary) -> dict[str, Any]:
             ],
         })
     return {
-        "schema": 1,
+        "schema": REPORT_FORMAT.current,
         "hardware": summary.hardware.data,
         "software": summary.software,
         "missing_policy": summary.missing_policy,
@@ -94,10 +95,9 @@ def merge_reports(parts: list[dict[str, Any]], names: list[str] | None = None) -
     if not parts:
         raise ReportError("no reports to merge")
     names = names or [f"report {i + 1}" for i in range(len(parts))]
+    parts = [check_report(part, name, ReportError) for name, part in zip(names, parts, strict=True)]
     first = parts[0]
     for name, part in zip(names, parts, strict=True):
-        if part.get("schema") != 1 or not isinstance(part.get("tests"), list):
-            raise ReportError(f"{name}: not a vramgate report.json (schema 1)")
         if part["hardware"].get("key") != first["hardware"].get("key"):
             raise ReportError(f"{name}: hardware key {part['hardware'].get('key')!r} differs from {names[0]}'s "
                               f"{first['hardware'].get('key')!r}; shards of one run share a key")

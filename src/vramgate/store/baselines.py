@@ -41,9 +41,12 @@ from typing import Any, Protocol
 
 from vramgate.core.metrics import BETTER, KINDS, SCOPES, UNITS, Metric
 from vramgate.core.provenance import Provenance
+from vramgate.core.records import RecordFormat
 from vramgate.store.files import atomic_write_text, locked
 
-SCHEMA_VERSION = 1
+#: The baseline file's format (Note [versioned records] in :mod:`vramgate.core.records`): schema 1, no earlier one.
+BASELINE_FORMAT = RecordFormat("baseline file", current=1)
+SCHEMA_VERSION = BASELINE_FORMAT.current
 
 
 class BaselineError(Exception):
@@ -139,15 +142,10 @@ def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
 def parse_baseline(path: Path, text: str) -> BaselineFile:
     """Parse and validate the text of a baseline file; :class:`BaselineError` if unusable."""
     try:
-        data = json.loads(text)
+        raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BaselineError(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    _require(isinstance(data, dict), path, "top level", "must be a JSON object")
-    schema = data.get("schema")
-    _require(
-        schema == SCHEMA_VERSION, path, "schema",
-        f"version {schema!r} is not supported (this vramgate reads schema {SCHEMA_VERSION})",
-    )
+    data: Any = BASELINE_FORMAT.load(raw, "", lambda message: BaselineError(path, message.removeprefix(": ")))
     suite = data.get("suite")
     _require(isinstance(suite, str) and bool(suite), path, "suite", "must be a non-empty string")
     _require(suite == path.stem, path, "suite", f"is {suite!r} but the file is named {path.name!r}")

@@ -26,7 +26,7 @@ from vramgate.core.records import read_json
 from vramgate.machine.hardware import TIER_KEYS
 from vramgate.machine.software import GitError, git
 from vramgate.store.baselines import BaselineError, parse_baseline
-from vramgate.store.report_files import report_metrics
+from vramgate.store.report_files import check_report, report_metrics
 
 Source = Literal["baseline", "report"]
 
@@ -191,10 +191,7 @@ def _need(cond: bool, file: Path, where: str, message: str) -> None:
 
 
 def _report(file: Path) -> dict[str, Any]:
-    data = read_json(file, HistoryError)
-    _need(isinstance(data, dict) and data.get("schema") == 1, file, "top level",
-          "not a vramgate report.json (schema 1)")
-    _need(isinstance(data.get("tests"), list), file, "tests", "must be a list")
+    data = check_report(read_json(file, HistoryError), str(file), HistoryError)
     _need(isinstance(data.get("hardware"), dict) and isinstance(data["hardware"].get("key"), str),
           file, "hardware.key", "must be a string")
     assert isinstance(data, dict)

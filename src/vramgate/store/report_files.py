@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.metrics import Metric
+from vramgate.core.records import RecordFormat
 from vramgate.store.baselines import BaselineError, parse_metric
+
+#: ``report.json``'s format (Note [versioned records] in :mod:`vramgate.core.records`): what the report layer
+#: writes and every reader loads through :func:`check_report`. Schema 1, no earlier one.
+REPORT_FORMAT = RecordFormat("report.json", current=1)
 
 
 @dataclass(frozen=True)
@@ -28,15 +33,12 @@ class ReportMetric:
 
 
 def check_report(data: Any, source: str, error: Callable[[str], Exception]) -> dict[str, Any]:
-    """*data* if it is a report's top level (an object, schema 1, a list of tests); else ``error(message)``
-    naming *source*."""
-    if not isinstance(data, dict):
-        raise error(f"{source}: not a vramgate report.json: the top level must be a JSON object")
-    if data.get("schema") != 1:
-        raise error(f"{source}: not a vramgate report.json (schema 1): schema is {data.get('schema')!r}")
-    if not isinstance(data.get("tests"), list):
+    """*data* as the current report.json (an object of a known schema, migrated, with a list of tests); else
+    ``error(message)`` naming *source*. The one check of a report's top level: every reader goes through it."""
+    report = REPORT_FORMAT.load(data, source, error)
+    if not isinstance(report.get("tests"), list):
         raise error(f"{source}: tests: must be a list")
-    return data
+    return report
 
 
 def report_metrics(data: Any, source: str, error: Callable[[str], Exception]) -> Iterator[ReportMetric]:

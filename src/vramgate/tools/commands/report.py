@@ -79,12 +79,11 @@ def run_html(args: argparse.Namespace) -> int:
     """Write the run's HTML page; 0 (2 for bad input, from the caller)."""
     from vramgate.report import ReportError, html_page, load_history, load_report
     from vramgate.store.files import atomic_write_text
+    from vramgate.store.report_files import check_report
 
     source = Path(args.report)
-    data = load_report(source)
     report_file = source / "report.json" if source.is_dir() else source
-    if data.get("schema") != 1 or not isinstance(data.get("tests"), list):
-        raise ReportError(f"{report_file}: not a vramgate report.json (schema 1)")
+    data = check_report(load_report(source), str(report_file), ReportError)
     history = load_history(Path(args.history)) if args.history else None
     out = Path(args.out) if args.out else report_file.parent / "report.html"
     atomic_write_text(out, html_page(data, history))
