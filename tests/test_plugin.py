@@ -664,3 +664,24 @@ def test_a_project_adds_facts_to_the_machine_info(pytester: pytest.Pytester) -> 
     """)
     result = pytester.runpytest("--gate-hardware", "test-hw", "-p", "no:cacheprovider")
     result.stderr.fnmatch_lines(["*pytest_vramgate_machine_info: facts must map names to text; not: ?'cores'?"])
+
+
+def test_budgets_reach_a_metric_through_the_gate_before_it_is_recorded() -> None:
+    """Gate.budget: a team's bound is given before the test records (not written into its metrics after the fact):
+    the stricter of it and the test's own applies, in the metric's unit, and the gate says which applied."""
+    from vramgate.pytest_plugin.fixture import Gate
+
+    gate = Gate("t::x", "kv")
+    gate.budget("peak_bytes", "<=", 4 << 30, unit="B", text="<= 4 GiB", source="vramgate.toml: entries[0]")
+    gate.budget("capacity_tokens", ">=", 1000)
+    peak = gate.record("peak_bytes", 1 << 30, unit="B", ceiling=8 << 30)
+    capacity = gate.record("capacity_tokens", 500, unit="tokens", better="higher", floor=2000)
+    assert peak.ceiling == 4 << 30 and capacity.floor == 2000
+    assert gate.budgets_applied == ["budget peak_bytes <= 4 GiB (vramgate.toml: entries[0])",
+                                    "budget capacity_tokens >= 1000"]
+    gate.budget("ttft", "<=", 0.25, unit="s", text="<= 250 ms", source="vramgate.toml: entries[1]")
+    with pytest.raises(ValueError, match=r"entries\[1\]\.budgets\.ttft: '<= 250 ms' is in s, but the test records "
+                                         "ttft in B"):
+        gate.record("ttft", 3, unit="B")
+    with pytest.raises(ValueError, match="the operator is <= or >="):
+        gate.budget("ttft", "<", 1)

@@ -33,10 +33,33 @@ class Gate:
         """GPU-state readings taken around this test's measurements (see :meth:`gpu_guard`)."""
         self.untrusted: list[str] = []
         """Why this test's measured metrics cannot be trusted (throttling, foreign load)."""
+        self._budgets: dict[str, list[tuple[str, float, str | None, str, str]]] = {}
+        self.budgets_applied: list[str] = []
+        """The budgets given with :meth:`budget` that a recorded metric took, as a person reads them."""
+
+    def budget(self, metric: str, op: str, value: float, *, unit: str | None = None, text: str = "",
+               source: str = "") -> None:
+        """Hold *metric*, when the test records it, to ``op value`` (``<=``: a ceiling, ``>=``: a floor), the
+        stricter of it and a bound the test sets itself: how a team's budgets (a matrix entry's) reach a test
+        before it records, not after. *unit* (``B``, ``s``): the budget's unit, which the metric must have (a
+        :class:`ValueError` naming *source* when it does not); *text*: the budget as written."""
+        if op not in ("<=", ">="):
+            raise ValueError(f"{source or 'budget'}: budget {metric} {op} {value}: the operator is <= or >=")
+        self._budgets.setdefault(metric, []).append((op, float(value), unit, text or f"{op} {value:g}", source))
 
     def _add(self, metric: Metric) -> Metric:
         if metric.name in self.metrics:
             raise ValueError(f"metric {metric.name!r} was already recorded in {self.nodeid}")
+        for op, value, unit, text, source in self._budgets.get(metric.name, ()):
+            if unit is not None and metric.unit != unit:
+                raise ValueError(f"{source}.budgets.{metric.name}: {text!r} is in {unit}, but the test records "
+                                 f"{metric.name} in {metric.unit}")
+            if op == "<=":
+                metric.ceiling = value if metric.ceiling is None else min(metric.ceiling, value)
+            else:
+                metric.floor = value if metric.floor is None else max(metric.floor, value)
+            self.budgets_applied.append(f"budget {metric.name} {text} ({source})" if source else
+                                        f"budget {metric.name} {text}")
         self.metrics[metric.name] = metric
         return metric
 

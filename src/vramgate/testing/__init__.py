@@ -78,7 +78,7 @@ from vramgate.testing.engines import (
     small_run_spec,
     unpaired_latency_tolerance,
 )
-from vramgate.testing.matrix import MatrixCase, apply_budgets, matrix_params, session_matrix
+from vramgate.testing.matrix import MatrixCase, give_budgets, matrix_params, session_matrix
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of, linear_kernel_problem
@@ -141,7 +141,6 @@ __all__ = [
     "TPSpec",
     "Workload",
     "alive",
-    "apply_budgets",
     "backend_problem",
     "build",
     "build_overlay",
@@ -161,6 +160,7 @@ __all__ = [
     "format_bytes",
     "fusion_problem",
     "gate_session",
+    "give_budgets",
     "installed_target",
     "isa",
     "kv_gain_tokens",

@@ -41,6 +41,7 @@ from vramgate.matrix import (
     missing_trace,
     project_matrix,
 )
+from vramgate.pytest_plugin.fixture import Gate
 
 #: The mark's line in ``pytest --markers``.
 MARKER_HELP = ("gate_matrix(suite, *, id): parametrize the test's model, block_size, kv_cache_dtype, ... by the "
@@ -235,29 +236,17 @@ def case_entry(item: pytest.Item) -> Entry | None:
     return mark.args[0] if mark is not None else None
 
 
-def apply_budgets(budgets: tuple[Budget, ...], metrics: dict[str, Any], where: str) -> list[str]:
-    """Make each of *budgets* a ceiling or floor of the recorded metric of its name (the stricter of it and one
-    the test set); the lines saying what applied. A budget with a byte or time unit on a metric of another unit
-    is a :class:`~vramgate.matrix.MatrixError` naming *where*."""
-    lines = []
+def give_budgets(gate: Gate, budgets: tuple[Budget, ...], where: str) -> None:
+    """Give *gate* the matrix entry's *budgets* before its test records (:meth:`Gate.budget`): each holds the
+    metric of its name, when recorded, to its ceiling or floor; *where* names the entry in messages."""
     for budget in budgets:
-        metric = metrics.get(budget.metric)
-        if metric is None:
-            continue
-        if budget.unit is not None and metric.unit != budget.unit:
-            raise MatrixError(f"{where}.budgets.{budget.metric}: {budget.text!r} is in {budget.unit}, but the test "
-                              f"records {budget.metric} in {metric.unit}")
-        if budget.op == "<=":
-            metric.ceiling = budget.value if metric.ceiling is None else min(metric.ceiling, budget.value)
-        else:
-            metric.floor = budget.value if metric.floor is None else max(metric.floor, budget.value)
-        lines.append(f"budget {budget.describe()} ({where})")
-    return lines
+        gate.budget(budget.metric, budget.op, budget.value, unit=budget.unit, text=budget.text, source=where)
 
 
 def budgets_hook(item: pytest.Item) -> Generator[None, Any, Any]:
-    """The body of the ``pytest_runtest_call`` wrapper: the weights note before the call, the entry's budgets on
-    the recorded metrics after it."""
+    """The body of the ``pytest_runtest_call`` wrapper: before the call, the weights note and the entry's budgets
+    given to the test's gate (:func:`give_budgets`), which its metrics take as they are recorded; after it, the
+    report section naming the budgets that applied."""
     entry = case_entry(item)
     if entry is None:
         return (yield)
@@ -266,14 +255,11 @@ def budgets_hook(item: pytest.Item) -> Generator[None, Any, Any]:
     where = f"{session_matrix(item.config).source}: entries[{entry.index}]"
     if isinstance(case, MatrixCase):
         item.add_report_section("call", "vramgate matrix", case.weights_note())
-    result = yield
     recorder = funcargs.get("gate")
-    if recorder is not None and entry.budgets:
-        try:
-            lines = apply_budgets(entry.budgets, recorder.metrics, where)
-        except MatrixError as exc:
-            pytest.fail(str(exc), pytrace=False)
-        if lines:
-            item.add_report_section("call", "vramgate matrix budgets", "\n".join(lines))
+    if isinstance(recorder, Gate) and entry.budgets:
+        give_budgets(recorder, entry.budgets, where)
+    result = yield
+    if isinstance(recorder, Gate) and recorder.budgets_applied:
+        item.add_report_section("call", "vramgate matrix budgets", "\n".join(recorder.budgets_applied))
     return result
 
