@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vramgate.core.metrics import Metric, format_change, relative_change, worse_change
+from vramgate.core.kinds import kind_rule
+from vramgate.core.metrics import Metric, format_change, relative_change
 from vramgate.core.provenance import Provenance
 from vramgate.core.stats import DEFAULT_ALPHA, compare_samples
 
@@ -68,10 +69,9 @@ def check_budget(metric: Metric) -> str | None:
 def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_ALPHA) -> tuple[Verdict, float, str]:
     """Compare *metric* with its stored *baseline*: (verdict, relative change, how decided).
 
-    Exact metrics compare one-sided against the tolerance (default 0), in ratio
-    terms the same in both directions (:func:`~vramgate.core.metrics.worse_change`:
-    for ``better="higher"`` half the value is +100% worse). Measured
-    metrics follow Note [measured comparison] in :mod:`vramgate.core.stats`.
+    The metric's kind judges (Note [metric kinds] in :mod:`vramgate.core.kinds`): exact metrics one-sided
+    against the tolerance (default 0), in ratio terms the same in both directions; measured ones by Note
+    [measured comparison] in :mod:`vramgate.core.stats`.
     """
     if baseline.unit != metric.unit or baseline.kind != metric.kind or baseline.better != metric.better:
         return (
@@ -80,26 +80,7 @@ def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_A
             f"baseline is {baseline.kind}/{baseline.unit}/{baseline.better} is better, "
             f"now {metric.kind}/{metric.unit}/{metric.better} is better: re-record it",
         )
-    tol = metric.effective_tolerance
-    if metric.kind == "exact":
-        change = relative_change(metric.value, baseline.value)
-        worse = worse_change(metric.value, baseline.value, metric.better)
-        how = f"exact, {metric.better} is better, tolerance {tol:.2%}"
-        if metric.value == baseline.value:
-            return "ok", 0.0, how
-        if worse > tol:
-            return "regressed", change, how
-        if worse < 0:
-            return "improved", change, how
-        return "ok", change, how
-    result = compare_samples(baseline.samples, metric.samples, better=metric.better, tolerance=tol, alpha=alpha)
-    how = (
-        f"measured, median of {len(metric.samples)} vs {len(baseline.samples)} samples, "
-        f"{metric.better} is better, tolerance {tol:.2%}, "
-        f"Mann-Whitney p(worse)={result.p_worse:.2g}, alpha {alpha:g}"
-    )
-    if result.regressed:
-        return "regressed", result.change, how
-    if result.improved:
-        return "improved", result.change, how
-    return "ok", result.change, how
+    verdict, change, how = kind_rule(metric.kind).judge(
+        metric.value, metric.samples, baseline.value, baseline.samples, better=metric.better,
+        tolerance=metric.effective_tolerance, alpha=alpha)
+    return verdict, change, how  # type: ignore[return-value]

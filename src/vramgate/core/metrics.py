@@ -42,23 +42,32 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Kind = Literal["exact", "measured"]
-Better = Literal["lower", "higher"]
-Scope = Literal["portable", "machine"]
+from vramgate.core.kinds import MEASURED_DEFAULT_TOLERANCE, kind_names, kind_rule
+from vramgate.core.kinds import Scope as Scope
 
-KINDS: tuple[Kind, ...] = ("exact", "measured")
+# Re-exported (their home is vramgate.core.numbers): every layer has read them from here.
+from vramgate.core.numbers import Better as Better
+from vramgate.core.numbers import format_change as format_change
+from vramgate.core.numbers import median as median
+from vramgate.core.numbers import relative_change as relative_change
+from vramgate.core.numbers import worse_change as worse_change
+
+#: A metric's kind: the name of its rule (:mod:`vramgate.core.kinds`: ``exact``, ``measured``, or one a project
+#: registers).
+Kind = str
+
 BETTER: tuple[Better, ...] = ("lower", "higher")
 SCOPES: tuple[Scope, ...] = ("portable", "machine")
 
 
 def default_scope(kind: Kind) -> Scope:
-    """The scope a metric of *kind* has unless its test says otherwise (see Note [metric scope])."""
-    return "portable" if kind == "exact" else "machine"
+    """The scope a metric of *kind* has unless its test says otherwise (see Note [metric scope]): its rule's."""
+    return kind_rule(kind).default_scope
 
 #: Default relative tolerance of a measured metric (a 5% shift is noise).
-DEFAULT_MEASURED_TOLERANCE = 0.05
+DEFAULT_MEASURED_TOLERANCE = MEASURED_DEFAULT_TOLERANCE
 
 
 def _fmt_number(value: float) -> str:
@@ -154,43 +163,6 @@ def format_value(value: float, unit: str, *, precise: bool = False) -> str:
     return text
 
 
-def worse_change(new: float, old: float, better: Better) -> float:
-    """How much worse *new* is than *old*, in ratio terms, the same in both directions (positive = worse).
-
-    Lower is better: ``new / old - 1``. Higher is better: ``old / new - 1``, so
-    half the throughput is +100% worse, as double the latency is; a tolerance
-    of 1.0 fails at half, never "at nothing". ``inf`` when the divisor is zero
-    and the other figure is not.
-    """
-    if better == "lower":
-        return relative_change(new, old)
-    return relative_change(old, new)
-
-
-def relative_change(new: float, old: float) -> float:
-    """``new / old - 1``; ``inf``/``-inf`` when *old* is zero and *new* is not."""
-    if old == 0:
-        return 0.0 if new == 0 else math.copysign(math.inf, new)
-    return new / old - 1.0
-
-
-def format_change(change: float) -> str:
-    """*change* (a fraction) as a signed percentage with two decimals (``+1.25%``), or ``+inf%`` / ``-inf%``."""
-    if math.isinf(change):
-        return "+inf%" if change > 0 else "-inf%"
-    return f"{change * 100:+.2f}%"
-
-
-def median(values: Sequence[float]) -> float:
-    """The median of *values* (the mean of the middle two for an even count); :class:`ValueError` for none."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        raise ValueError("median of no samples")
-    mid = n // 2
-    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
-
-
 def percentiles(values: Sequence[float]) -> dict[str, float]:
     """Mean, median, p90, p99 and maximum of *values* (linear interpolation); empty for no values."""
     if not values:
@@ -254,8 +226,8 @@ class Metric:
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"{where}: name must be a non-empty string")
         unit_of(self.unit)
-        if self.kind not in KINDS:
-            raise ValueError(f"{where}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind not in kind_names():
+            raise ValueError(f"{where}: kind {self.kind!r} is not one of {', '.join(kind_names())}")
         if self.better not in BETTER:
             raise ValueError(f"{where}: better {self.better!r} is not one of {', '.join(BETTER)}")
         if isinstance(self.value, bool) or not isinstance(self.value, int | float):
@@ -266,18 +238,18 @@ class Metric:
             raise ValueError(f"{where}: tolerance must be a finite number >= 0, got {self.tolerance}")
         if self.scope is not None and self.scope not in SCOPES:
             raise ValueError(f"{where}: scope {self.scope!r} is not one of {', '.join(SCOPES)}")
-        if self.kind == "measured" and not self.samples:
-            raise ValueError(f"{where}: a measured metric needs samples (use gate.record_samples)")
+        if kind_rule(self.kind).needs_samples and not self.samples:
+            raise ValueError(f"{where}: a {self.kind} metric needs samples (use gate.record_samples)")
         if self.ceiling is not None and self.floor is not None and self.floor > self.ceiling:
             raise ValueError(f"{where}: floor {self.floor} is above ceiling {self.ceiling}")
         self.value = float(self.value) if isinstance(self.value, float) else self.value
 
     @property
     def effective_tolerance(self) -> float:
-        """The relative tolerance in force: the given one, else 0 (exact) or 5% (measured)."""
+        """The relative tolerance in force: the given one, else its kind's (0 exact, 5% measured)."""
         if self.tolerance is not None:
             return self.tolerance
-        return 0.0 if self.kind == "exact" else DEFAULT_MEASURED_TOLERANCE
+        return kind_rule(self.kind).default_tolerance
 
     @property
     def effective_scope(self) -> Scope:

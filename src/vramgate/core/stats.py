@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from vramgate.core.metrics import Better, median, relative_change, worse_change
+from vramgate.core.numbers import Better, median, relative_change, worse_change
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_SAMPLES = 20

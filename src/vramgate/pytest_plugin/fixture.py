@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from vramgate.core.claims import ClaimVerdict
+from vramgate.core.kinds import kind_rule
 from vramgate.core.metrics import Better, Kind, Metric, Paired, Scope, median
 
 if TYPE_CHECKING:
@@ -92,9 +93,9 @@ class Gate:
         scope] in :mod:`vramgate.core.metrics`. ``history=False`` holds it to its budgets only, never to a
         baseline (Note [budget-only figures] there).
         """
-        if kind == "measured":
+        if kind_rule(kind).needs_samples:
             raise ValueError(
-                f"metric {name!r}: a measured metric needs samples; use gate.record_samples(name, samples, ...)"
+                f"metric {name!r}: a {kind} metric needs samples; use gate.record_samples(name, samples, ...)"
             )
         return self._add(
             Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance, scope=scope,

@@ -16,6 +16,7 @@ import pytest
 
 from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget
 from vramgate.core.claims import ClaimVerdict
+from vramgate.core.kinds import kind_rule
 from vramgate.core.metrics import relative_change
 from vramgate.core.provenance import Provenance
 from vramgate.machine import hardware, speed
@@ -280,14 +281,14 @@ class GateSession:
                 if line not in mismatches:
                     mismatches.append(line)
         # Only a passing test whose measurements can be trusted records anything (see _queue_update).
-        untrusted = bool(recorder.untrusted) and any(m.kind == "measured" for m in recorder.metrics.values())
+        untrusted = bool(recorder.untrusted) and any(kind_rule(m.kind).timed for m in recorder.metrics.values())
         recordable = test_passed and not untrusted
         for metric in recorder.metrics.values():
             budget = check_budget(metric)
             key = self.key_for(metric.effective_scope, recorder.gpus)
             entry = entries[metric.effective_scope]
             base = entry.metrics.get(metric.name) if entry else None
-            if metric.kind == "measured" and recorder.untrusted:
+            if kind_rule(metric.kind).timed and recorder.untrusted:
                 findings.append(Finding(metric, "untrusted", base, entry.recorded if entry else None, None,
                                         budget, "; ".join(recorder.untrusted)))
                 continue
@@ -311,7 +312,7 @@ class GateSession:
                 findings.append(Finding(metric, missing, budget=budget,
                                         detail=f"{key} has no baselines" if missing == "no baselines" else ""))
                 continue
-            timed = metric.kind == "measured" and self._speed_checked(metric.effective_scope)
+            timed = kind_rule(metric.kind).timed and self._speed_checked(metric.effective_scope)
             slower = speed.mismatch_here(entry.recorded.machine_speed_s) if entry and timed else None
             if entry and slower is not None:  # Note [machine speed]: a timing of another machine is not compared
                 unjudged: Verdict = "updated" if self.update and recordable and writes else "not compared"

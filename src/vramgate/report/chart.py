@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vramgate.core.kinds import changed_by_kind
 from vramgate.report.summary import verdict_rank
 from vramgate.report.table import Row
 
@@ -72,12 +73,12 @@ def metric_kinds(data: dict[str, Any]) -> dict[tuple[str, str], str]:
 def is_changed(row: Row, kind: str) -> bool:
     """Whether *row* belongs in a picture: it fails, or it has a finite change and either a verdict other than
     ``ok`` or an exact figure that moved within its tolerance (a measured one judged ``ok`` moved within its
-    noise; the same rule as :attr:`vramgate.report.compare.ComparedMetric.changed`)."""
+    noise): its kind's rule, as :attr:`vramgate.report.compare.ComparedMetric.changed` asks it."""
     if row.failed:
         return True
     if row.change_value is None or not math.isfinite(row.change_value):
         return False
-    return row.verdict.split(",")[0] != "ok" or (kind == "exact" and row.change_value != 0)
+    return changed_by_kind(kind, row.verdict.split(",")[0], row.change_value)
 
 
 def changed_bars(data: dict[str, Any]) -> list[Bar]:

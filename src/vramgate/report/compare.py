@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.checks import FAILING, check_baseline
+from vramgate.core.kinds import changed_by_kind
 from vramgate.core.metrics import Metric, format_change, format_value, relative_change
 from vramgate.core.records import read_json
 from vramgate.machine.software import COMPARED_VERSIONS
@@ -56,9 +57,12 @@ class ComparedMetric:
 
     @property
     def changed(self) -> bool:
-        """Whether this row is worth showing by default: any verdict but ``ok``, or an exact figure that moved
-        within its tolerance (a measured one judged ``ok`` moved within its noise)."""
-        return self.verdict != "ok" or (self.kind == "exact" and self.old != self.new)
+        """Whether this row is worth showing by default, by its kind's rule (Note [metric kinds]): any verdict but
+        ``ok``, or an exact figure that moved within its tolerance (a measured one judged ``ok`` moved within its
+        noise)."""
+        if self.verdict != "ok" or self.old is None or self.new is None:
+            return self.verdict != "ok"
+        return changed_by_kind(self.kind, self.verdict, relative_change(self.new, self.old))
 
     def show(self, value: float | None) -> str:
         """*value* in this metric's unit; ``-`` for a side the metric is absent from."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from vramgate.core.checks import Finding
 from vramgate.core.claims import ClaimVerdict
+from vramgate.core.kinds import kind_rule
 from vramgate.store.moves import Move
 
 #: Verdicts from the most to the least severe: the order of rows and of the tally.
@@ -137,7 +138,7 @@ class Summary:
             f = found.get((move.file, move.nodeid, move.metric))  # only a figure compared against that file
             matches = None
             if f is not None and move.new is not None:
-                matches = (f.metric.value == move.new.value if f.metric.kind == "exact"
-                           else f.verdict not in ACCEPTABLE)
+                matches = kind_rule(f.metric.kind).confirms(f.metric.value, move.new.value,
+                                                           judged_acceptable=f.verdict not in ACCEPTABLE)
             out.append(move.to_json(f.metric if f else None, matches))
         return {"ref": self.baselines_ref, "metrics": out}

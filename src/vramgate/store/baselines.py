@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vramgate.core.metrics import BETTER, KINDS, SCOPES, UNITS, Metric
+from vramgate.core.kinds import kind_names, kind_rule
+from vramgate.core.metrics import BETTER, SCOPES, UNITS, Metric
 from vramgate.core.provenance import Provenance
 from vramgate.core.records import RecordFormat
 from vramgate.store.files import atomic_write_text, locked
@@ -108,7 +109,7 @@ def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
         _require(key in raw, path, where, f"missing field {key!r}")
     _require(_is_number(raw["value"]), path, f"{where}.value", f"must be a finite number, got {raw['value']!r}")
     _require(raw["unit"] in UNITS, path, f"{where}.unit", f"unknown unit {raw['unit']!r}")
-    _require(raw["kind"] in KINDS, path, f"{where}.kind", f"must be one of {KINDS}, got {raw['kind']!r}")
+    _require(raw["kind"] in kind_names(), path, f"{where}.kind", f"must be one of {kind_names()}, got {raw['kind']!r}")
     _require(raw["better"] in BETTER, path, f"{where}.better", f"must be one of {BETTER}, got {raw['better']!r}")
     scope = raw.get("scope")
     _require(scope is None or scope in SCOPES, path, f"{where}.scope", f"must be one of {SCOPES}, got {scope!r}")
@@ -120,8 +121,8 @@ def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
         isinstance(samples, list) and all(_is_number(s) for s in samples),
         path, f"{where}.samples", "must be a list of finite numbers",
     )
-    if raw["kind"] == "measured":
-        _require(bool(samples), path, f"{where}.samples", "a measured metric needs its samples")
+    if kind_rule(raw["kind"]).needs_samples:
+        _require(bool(samples), path, f"{where}.samples", f"a {raw['kind']} metric needs its samples")
     try:
         return Metric(
             name=name,
