@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+import vramgate.testing.matrix_suites  # noqa: F401 - the repository's matrix suites, registered once for every test
 from patch_support import ORIGINAL
 from vramgate.profiles import overlay
 

@@ -265,16 +265,48 @@ def test_the_command_checks_and_lists(capsys: pytest.CaptureFixture[str], tmp_pa
 
 
 def test_the_suites_record_the_metrics_budgets_may_name() -> None:
-    """SUITE_METRICS is what each matrix suite's code records (a budget on another name could never fail)."""
+    """What each matrix suite declares it records (Note [matrix suites]) is what its code records (a budget on
+    another name could never fail)."""
     import re
 
-    from vramgate.matrix.loader import SUITE_METRICS
+    from vramgate.matrix import suite_rules
 
     root = Path(__file__).resolve().parents[1]
-    for suite, names in SUITE_METRICS.items():
+    rules = suite_rules()
+    assert set(rules) >= {"kv_cache", "capacity", "latency", "serving_capacity", "serving"}
+    for suite, rule in rules.items():
         code = "".join(p.read_text() for p in (root / "suites" / suite).glob("test_*.py"))
         recorded = set(re.findall(r'gate\.record(?:_samples|_paired)?\(\s*"([a-z0-9_]+)"', code))
-        assert recorded == set(names), suite
+        assert recorded == set(rule.metrics), suite
+
+
+def test_a_project_declares_its_own_suite_to_the_matrix() -> None:
+    """A suite the repository does not have is unknown to the matrix until declared (vramgate.testing.matrix_suite),
+    then an entry may name it and budget its metrics; the lower layer holds no list of suites."""
+    from vramgate.matrix import suite_rules
+    from vramgate.matrix import suites as registry
+    from vramgate.testing import matrix_suite
+
+    text = '[models.tiny-llama]\n[[entries]]\nsuites = ["team_suite"]\nmodel = "tiny-llama"\n' \
+           '[entries.budgets]\nqueue_depth = "<= 8"\n'
+    with pytest.raises(MatrixError, match="unknown suite 'team_suite'"):
+        parse_matrix(text, "vramgate.toml", ROOT)
+    try:
+        matrix_suite("team_suite", metrics=("queue_depth",))
+        (entry,) = parse_matrix(text, "vramgate.toml", ROOT).entries
+        assert entry.budgets[0].metric == "queue_depth"
+        with pytest.raises(MatrixError, match="no suite of this entry records a metric of that name"):
+            parse_matrix(text.replace("queue_depth", "queue_length"), "vramgate.toml", ROOT)
+    finally:
+        registry._SUITES.pop("team_suite", None)
+    assert "team_suite" not in suite_rules()
+    import ast
+
+    tree = ast.parse((ROOT / "src" / "vramgate" / "matrix" / "loader.py").read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, ast.Module | ast.FunctionDef |
+                  ast.ClassDef) and n.body and isinstance(n.body[0], ast.Expr)}
+    constants = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docstrings}
+    assert not constants & {"kv_cache", "capacity", "latency", "serving_capacity"}  # "serving" is also a table
 
 
 def test_the_readme_shows_the_team_matrix_that_is_checked() -> None:

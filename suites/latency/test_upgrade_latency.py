@@ -15,16 +15,15 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import EngineEnv, PairedEngines, engine_tier, latency_spec, paired_defaults, small_run_block_size
-
-MODEL = ["tiny-llama", "tiny-deepseek-v2"]
+from vramgate.testing import EngineEnv, PairedEngines, engine_tier, latency_spec, paired_defaults
 
 
-@pytest.mark.parametrize("model", MODEL)
+@pytest.mark.gate_matrix("latency", id="{model}")
 def test_upgrade_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, tmp_path: Path,
-                               upgrade_from: EngineEnv, model: str) -> None:
-    """Per-round median engine step under the new vLLM over the old one's, on the calibration workload."""
-    candidate = latency_spec(model).replace(block_size=small_run_block_size(model))
+                               upgrade_from: EngineEnv, model: str, block_size: int) -> None:
+    """Per-round median engine step under the new vLLM over the old one's, on the calibration workload, for each
+    model and block size of the matrix's latency entries."""
+    candidate = latency_spec(model).replace(block_size=block_size)
     reference = candidate.replace(python=upgrade_from.python)
     settings = paired_defaults(engine_tier())
     with PairedEngines(reference, candidate, project_root, tmp_path, cache_root=vllm_env / "cache") as engines:

@@ -4,7 +4,6 @@ budgets. The testing layer parametrizes the suites from it; ``vramgate matrix`` 
 from vramgate.matrix.default import DEFAULT_SOURCE, DEFAULT_TOML, default_matrix
 from vramgate.matrix.loader import (
     MATRIX_FILE,
-    SUITES,
     TIERS,
     Budget,
     Entry,
@@ -20,12 +19,12 @@ from vramgate.matrix.loader import (
 )
 from vramgate.matrix.project import matrix_path, project_matrix
 from vramgate.matrix.select import Machine, collection_problem, gpu_count_problem, missing_trace
+from vramgate.matrix.suites import SuiteRule, register_suite, suite_rules
 
 __all__ = [
     "DEFAULT_SOURCE",
     "DEFAULT_TOML",
     "MATRIX_FILE",
-    "SUITES",
     "TIERS",
     "Budget",
     "Entry",
@@ -35,6 +34,7 @@ __all__ = [
     "Model",
     "Serving",
     "ServingLoad",
+    "SuiteRule",
     "Workload",
     "collection_problem",
     "default_matrix",
@@ -45,4 +45,6 @@ __all__ = [
     "parse_budget",
     "parse_matrix",
     "project_matrix",
+    "register_suite",
+    "suite_rules",
 ]

@@ -36,31 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate.matrix.suites import suite_rules
 from vramgate.models.config import available_models
 from vramgate.workloads import GENERATORS
 
-#: The suites an entry may name (the folders under ``suites/`` that parametrize from the matrix).
-SUITES = ("kv_cache", "capacity", "latency", "serving_capacity", "serving")
-#: Suites that read vLLM's KV accounting only, and the entry fields only an engine run uses (an entry of those
-#: suites alone that sets one would have it ignored).
-KV_ONLY_SUITES = frozenset({"kv_cache"})
+#: The entry fields only an engine run uses (an entry of KV-only suites alone that set one would have it ignored).
 ENGINE_FIELDS = ("tp", "dtype", "quantization", "workload")
-#: The metrics each suite records, which an entry's budgets may name (a budget on a metric no suite of its entry
-#: records could never fail; tests/test_matrix.py keeps this in step with the suites' code).
-SUITE_METRICS: dict[str, tuple[str, ...]] = {
-    "kv_cache": ("page_bytes", "bytes_per_token", "kv_blocks_per_gib", "capacity_tokens_per_gib"),
-    "capacity": ("page_bytes", "num_gpu_blocks", "capacity_tokens", "weights_bytes"),
-    "latency": ("ttft", "tpot", "e2e", "request_throughput"),
-    "serving_capacity": ("kv_cache_bytes", "capacity_tokens", "max_concurrency", "non_kv_bytes", "requested_bytes",
-                         "load_peak_fraction", "cudagraph_bytes", "cudagraph_estimate_bytes"),
-    "serving": ("ttft", "tpot", "e2el", "ttft_p90", "ttft_p99", "tpot_p90", "tpot_p99", "itl_p50", "itl_p90",
-                "itl_p99", "e2el_p90", "e2el_p99", "request_throughput", "output_throughput", "goodput",
-                "memory_slope", "server_rss_bytes"),
-}
-#: Suites that run the entry's serving configuration and need one (``[entries.serving]``).
-SERVING_SUITES = frozenset({"serving_capacity", "serving"})
-#: Suites that put the entry's load on vLLM's server and need one (``[entries.load]``).
-LOAD_SUITES = frozenset({"serving"})
 #: vLLM 0.32.0's ``CUDAGraphMode`` names a serving configuration may give.
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 #: The engine tiers an entry may name.
@@ -456,10 +437,13 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
     suites = r.items("suites", str, ())
     if not suites:
         raise MatrixError(f"{source}: {where}.suites: missing field")
+    known = suite_rules()  # Note [matrix suites]
+    names = tuple(known) or ("(none registered)",)
     for s in suites:
-        if s not in SUITES:
-            raise r.fail("suites", f"unknown suite {s!r}{_suggest(s, SUITES)}")
-    if set(suites) <= KV_ONLY_SUITES:
+        if s not in known:
+            raise r.fail("suites", f"unknown suite {s!r}{_suggest(s, names)}")
+    rules = [known[s] for s in suites]
+    if all(rule.kv_only for rule in rules):
         for key in ENGINE_FIELDS:
             if key in r.table:
                 raise r.fail(key, f"the {', '.join(suites)} suite does not use it (vLLM's KV accounting starts no "
@@ -479,25 +463,29 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
     block_size = r.items("block_size", int, (16,))
     if any(b < 1 for b in block_size):
         raise r.fail("block_size", f"must be positive, got {list(block_size)}")
-    if "latency" in suites and len(block_size) > 1:
-        raise r.fail("block_size", f"the latency suite runs one block size per entry (its cases are named by the "
-                                   f"model), got {list(block_size)}: give one, or an entry of its own for the others")
+    for rule in rules:
+        if rule.one_block_size and len(block_size) > 1:
+            raise r.fail("block_size", f"the {rule.name} suite runs one block size per entry (its cases are named "
+                                       f"by the model), got {list(block_size)}: give one, or an entry of its own "
+                                       "for the others")
     workload = r.get("workload", str)
     if workload is not None and workload not in workloads:
         raise r.fail("workload",
                      f"no [workloads.{workload}] in this file{_suggest(workload, tuple(workloads) or ('(none)',))}")
     serving_table = r.get("serving", dict)
     serving = None if serving_table is None else _serving(source, where, serving_table, tier)
-    _table_for_suites(r, "serving", serving is not None, suites, SERVING_SUITES, "runs the team's serving "
+    _table_for_suites(r, "serving", serving is not None, suites, frozenset(n for n, q in known.items() if q.serving),
+                      "runs the team's serving "
                       "configuration ([entries.serving] with gpu_memory_utilization / cpu_memory)",
                       "runs a serving configuration")
     load_table = r.get("load", dict)
     load = None if load_table is None else _load(source, where, load_table)
-    _table_for_suites(r, "load", load is not None, suites, LOAD_SUITES, "puts the team's load on vLLM's server "
+    _table_for_suites(r, "load", load is not None, suites, frozenset(n for n, q in known.items() if q.load),
+                      "puts the team's load on vLLM's server "
                       "([entries.load] with request_rates)", "puts a load on a server")
     budgets_table = r.get("budgets", dict, {})
     budgets = tuple(parse_budget(source, f"{where}.budgets", k, v) for k, v in budgets_table.items())
-    recorded = sorted({m for suite in suites for m in SUITE_METRICS.get(suite, ())})
+    recorded = sorted({m for rule in rules for m in rule.metrics})
     for budget in budgets:
         if budget.metric not in recorded:
             raise MatrixError(f"{source}: {where}.budgets.{budget.metric}: no suite of this entry records a metric of "

@@ -219,7 +219,7 @@ class GateSession:
     def plan_baselines(self, items: list[pytest.Item]) -> list[tuple[str, str, str, str, list[str], list[str]]]:
         """(suite, node id, its machine-bound key, files read, metrics stored there, the rest of its suite's metrics
         per the matrix, which this machine would record) for each gated test (``--gate-plan``)."""
-        from vramgate.matrix.loader import SUITE_METRICS
+        from vramgate.matrix.suites import suite_rules  # Note [matrix suites]: what the suites declared
 
         out = []
         for item in (i for i in items if self.uses_gate(i)):
@@ -232,7 +232,8 @@ class GateSession:
                 if entry is not None:
                     compared += sorted(entry.metrics)
                     files.append(str(self.storage.path_for(key, suite)))
-            records = [m for m in SUITE_METRICS.get(suite, ()) if m not in compared]
+            rule = suite_rules().get(suite)
+            records = [m for m in (rule.metrics if rule else ()) if m not in compared]
             out.append((suite, item.nodeid, self.key_for("machine", gpus), ", ".join(files) or "-", compared,
                         records))
         return out

@@ -79,6 +79,7 @@ from vramgate.testing.engines import (
     unpaired_latency_tolerance,
 )
 from vramgate.testing.matrix import MatrixCase, give_budgets, matrix_params, session_matrix
+from vramgate.testing.matrix_suites import matrix_suite
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of, linear_kernel_problem
@@ -172,6 +173,7 @@ __all__ = [
     "load_profile",
     "make_weights",
     "matrix_params",
+    "matrix_suite",
     "median",
     "memory_slope",
     "naive_moe",

@@ -42,6 +42,7 @@ from vramgate.matrix import (
     project_matrix,
 )
 from vramgate.pytest_plugin.fixture import Gate
+from vramgate.testing import matrix_suites  # noqa: F401 - registers the repository's suites
 
 #: The mark's line in ``pytest --markers``.
 MARKER_HELP = ("gate_matrix(suite, *, id): parametrize the test's model, block_size, kv_cache_dtype, ... by the "
