@@ -11,6 +11,15 @@ import pytest
 from vramgate.engine import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
 
 ROOT = Path(__file__).resolve().parents[1]
+#: An engine result as the worker writes it, with made-up figures (for stand-ins of the worker).
+FAKE_RESULT = {
+    "schema": 1, "spec": {}, "versions": {}, "device": "cpu", "timing": {},
+    "kv": {"block_size": 16, "num_gpu_blocks": 9, "usable_blocks": 8, "capacity_tokens": 128, "num_layers": 2,
+           "page_bytes": 8192, "bytes_per_token": 1024},
+    "memory": {"peak_rss_bytes": 1, "weights_bytes": 2, "parameter_bytes": 2, "kv_tensor_bytes": 3},
+    "scheduler": {"steps": 4, "peak_blocks_in_use": 5, "preemptions": 0, "recomputed_tokens": 0},
+    "latency": {"ttft_s": [0.1], "tpot_s": [0.01], "e2e_s": [0.2], "output_lens": [8]},
+}
 
 
 def test_spec_round_trip_and_key() -> None:
@@ -125,8 +134,7 @@ def test_caches_and_temp_files_stay_in_the_run_folder(
         "keys = ['VLLM_CACHE_ROOT', 'VLLM_CONFIG_ROOT', 'HF_HOME', 'TMPDIR', 'HF_HUB_OFFLINE', 'OMP_NUM_THREADS',"
         " 'VLLM_ENABLE_V1_MULTIPROCESSING', 'VLLM_LOGGING_LEVEL']\n"
         "env = {k: os.environ.get(k) for k in keys}\n"
-        "json.dump({'schema': 1, 'spec': {}, 'versions': {}, 'device': 'cpu', 'kv': {}, 'memory': {}, 'scheduler': {},"
-        " 'latency': {}, 'timing': {}, 'notes': [env]}, open(sys.argv[2], 'w'))\n"
+        f"json.dump({{**{FAKE_RESULT!r}, 'notes': [env]}}, open(sys.argv[2], 'w'))\n"
     )
     (fake_worker / "worker.py").write_text(code)
     result = run_engine(EngineSpec(model="tiny-llama", block_size=32), ROOT, tmp_path / "run",

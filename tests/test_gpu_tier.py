@@ -59,8 +59,8 @@ def test_gpu_utilization_is_clamped(kv: int, weights: int, total: int, expected:
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_simulator_settings_follow_the_engine(async_scheduling: bool) -> None:
-    settings = settings_of_engine(SPEC.to_json(), {"block_size": 16, "num_gpu_blocks": 513},
-                                  {"prefix_caching": True, "async_scheduling": async_scheduling})
+    settings = settings_of_engine(SPEC.to_json(), block_size=16, num_gpu_blocks=513, prefix_caching=True,
+                                  async_scheduling=async_scheduling)
     assert settings["async_scheduling"] is async_scheduling  # on CUDA vLLM turns it on by default
     assert settings["num_gpu_blocks"] == 513 and settings["max_num_seqs"] == SPEC.max_num_seqs
 
@@ -277,9 +277,9 @@ class _FakeEngine:
         budget = int((spec.kv_budget_gib or 0) * GIB)
         blocks = budget // (576 * 2 * spec.block_size * 3)
         capacity = blocks * spec.block_size + (self.shift if spec.profile else 0)
-        return types.SimpleNamespace(kv={"capacity_tokens": capacity, "block_size": spec.block_size,
-                                         "bytes_per_token": 576 * 2 * 3},
-                                     memory={"cuda_max_allocated_bytes": 123 << 20})
+        return types.SimpleNamespace(
+            kv=types.SimpleNamespace(capacity_tokens=capacity, block_size=spec.block_size, bytes_per_token=576 * 2 * 3),
+            memory=types.SimpleNamespace(cuda_max_allocated_bytes=123 << 20))
 
 
 def test_a_backend_profile_runs_its_block_size_and_keeps_the_capacity(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,7 +58,16 @@ def test_each_record_kind_has_its_one_format() -> None:
     assert (BASELINE_FORMAT.name, REPORT_FORMAT.name, ENGINE_RESULT_FORMAT.name) == (
         "baseline file", "report.json", "engine result")
     assert SCHEMA_VERSION == BASELINE_FORMAT.current
-    result = EngineResult(spec={}, versions={}, device="cpu", kv={}, memory={}, scheduler={}, latency={}, timing={})
+    from vramgate.engine import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
+
+    result = EngineResult(spec={}, versions={}, device="cpu",
+                          kv=KVFigures(block_size=16, num_gpu_blocks=9, usable_blocks=8, capacity_tokens=128,
+                                       num_layers=2, page_bytes=8192, bytes_per_token=1024),
+                          memory=MemoryFigures(peak_rss_bytes=1, weights_bytes=2, parameter_bytes=2, kv_tensor_bytes=3),
+                          scheduler=SchedulerFigures(steps=4, peak_blocks_in_use=5, preemptions=0, recomputed_tokens=0),
+                          latency=LatencyFigures(ttft_s=[0.1], tpot_s=[0.01], e2e_s=[0.2], output_lens=[8]),
+                          timing={})
     data = result.to_json()
+    assert data["kv"]["page_bytes"] == 8192 and data["latency"]["ttft_s"] == [0.1]
     assert data["schema"] == ENGINE_RESULT_FORMAT.current
     assert EngineResult.from_json(data) == result

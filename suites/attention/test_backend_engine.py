@@ -59,20 +59,20 @@ def test_backend_kv_capacity(gate: Gate, engine: Engine, profile: Profile | None
         spec = runnable_candidate(spec, profile, use_mla=True)
     result = engine.run(spec)
     kv = result.kv
-    gate.record("capacity_tokens", kv["capacity_tokens"], unit="tokens", better="higher")
-    gate.record("kv_block_size", kv["block_size"], unit="tokens")
-    gate.record("bytes_per_token", kv["bytes_per_token"], unit="B")
-    peak = result.memory.get("cuda_max_allocated_bytes")
+    gate.record("capacity_tokens", kv.capacity_tokens, unit="tokens", better="higher")
+    gate.record("kv_block_size", kv.block_size, unit="tokens")
+    gate.record("bytes_per_token", kv.bytes_per_token, unit="B")
+    peak = result.memory.cuda_max_allocated_bytes
     if peak is not None:
         gate.record("peak_allocated_bytes", peak, unit="B", tolerance=0.05, scope="machine")
     if profile is not None:
         automatic = engine.run(CAPACITY_SPEC).kv
-        moved = abs(int(kv["capacity_tokens"]) - int(automatic["capacity_tokens"]))
-        block = max(int(kv["block_size"]), int(automatic["block_size"]))
+        moved = abs(int(kv.capacity_tokens) - int(automatic.capacity_tokens))
+        block = max(int(kv.block_size), int(automatic.block_size))
         assert moved < block, (
             f"profile {profile.name} moved the KV capacity at a fixed budget by {moved} tokens (more than one block "
-            f"of {block}): {kv['capacity_tokens']} tokens at block size {kv['block_size']} against the automatic "
-            f"choice's {automatic['capacity_tokens']} at {automatic['block_size']}")
+            f"of {block}): {kv.capacity_tokens} tokens at block size {kv.block_size} against the automatic "
+            f"choice's {automatic.capacity_tokens} at {automatic.block_size}")
 
 
 @pytest.mark.gate_profiles("attention")

@@ -72,11 +72,11 @@ def engine_figures(result: EngineResult) -> dict[str, float]:
     """The engine run's figures that profiles' claims may name."""
     sched, lat = result.scheduler, result.latency
     return {
-        "preemptions": float(sched["preemptions"]),
-        "recomputed_tokens": float(sched["recomputed_tokens"]),
-        "peak_blocks_in_use": float(sched["peak_blocks_in_use"]),
-        "capacity_tokens": float(result.kv["capacity_tokens"]),
-        "throughput": float(lat["output_throughput_tokens_per_s"]),
+        "preemptions": float(sched.preemptions),
+        "recomputed_tokens": float(sched.recomputed_tokens),
+        "peak_blocks_in_use": float(sched.peak_blocks_in_use),
+        "capacity_tokens": float(result.kv.capacity_tokens),
+        "throughput": float(lat.output_throughput_tokens_per_s),
     }
 
 
@@ -95,7 +95,7 @@ def test_engine_pressure(gate: Gate, engine: Engine, model_shape: ModelLoader, p
     gate.record("preemptions", figures["preemptions"], unit="count")
     gate.record("recomputed_tokens", figures["recomputed_tokens"], unit="tokens")
     gate.record("capacity_tokens", figures["capacity_tokens"], unit="tokens", better="higher")
-    per_request = [n / e for n, e in zip(result.latency["output_lens"], result.latency["e2e_s"], strict=True) if e]
+    per_request = [n / e for n, e in zip(result.latency.output_lens, result.latency.e2e_s, strict=True) if e]
     gate.record_samples("request_throughput", per_request, unit="tokens/s", better="higher", tolerance=TOLERANCE)
     if profile is not None:
         check_claims(gate, profile, "engine-pressure", figures, engine_figures(engine.run(PRESSURE_SPEC)))

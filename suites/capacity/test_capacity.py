@@ -40,13 +40,13 @@ def test_engine_kv_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader
         return
     result = engine.run(spec)
     kv = result.kv
-    gate.record("page_bytes", kv["page_bytes"], unit="B")
-    gate.record("num_gpu_blocks", kv["num_gpu_blocks"], unit="blocks", better="higher")
-    gate.record("capacity_tokens", kv["capacity_tokens"], unit="tokens", better="higher")
-    gate.record("weights_bytes", result.memory["weights_bytes"], unit="B", scope="machine")
-    assert kv["block_size"] == block_size, result.notes
-    assert kv["page_bytes"] == shape.page_bytes(block_size, kv_dtype)
-    assert kv["num_gpu_blocks"] == shape.capacity_blocks(budget, block_size, kv_dtype)
-    assert kv["capacity_tokens"] == kv["num_gpu_blocks"] * block_size
-    assert kv["num_layers"] == shape.num_layers
-    assert budget - (page := kv["page_bytes"] * kv["num_layers"]) < result.memory["kv_tensor_bytes"] <= budget, page
+    gate.record("page_bytes", kv.page_bytes, unit="B")
+    gate.record("num_gpu_blocks", kv.num_gpu_blocks, unit="blocks", better="higher")
+    gate.record("capacity_tokens", kv.capacity_tokens, unit="tokens", better="higher")
+    gate.record("weights_bytes", result.memory.weights_bytes, unit="B", scope="machine")
+    assert kv.block_size == block_size, result.notes
+    assert kv.page_bytes == shape.page_bytes(block_size, kv_dtype)
+    assert kv.num_gpu_blocks == shape.capacity_blocks(budget, block_size, kv_dtype)
+    assert kv.capacity_tokens == kv.num_gpu_blocks * block_size
+    assert kv.num_layers == shape.num_layers
+    assert budget - (page := kv.page_bytes * kv.num_layers) < result.memory.kv_tensor_bytes <= budget, page

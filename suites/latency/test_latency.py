@@ -27,11 +27,11 @@ def test_engine_latency(gate: Gate, engine: Engine, model: str, block_size: int,
     spec = matrix_case.engine_spec(small_run_spec(model, block_size))
     result = engine.run(spec)
     lat = result.latency
-    assert len(lat["ttft_s"]) == spec.requests, "vLLM returned no per-request stats (disable_log_stats must be False)"
-    gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TTFT_TOLERANCE)
-    gate.record_samples("tpot", lat["tpot_s"], unit="s", tolerance=TOLERANCE)
-    gate.record_samples("e2e", lat["e2e_s"], unit="s", tolerance=TOLERANCE)
-    per_request = [n / e for n, e in zip(lat["output_lens"], lat["e2e_s"], strict=True) if e > 0]
+    assert len(lat.ttft_s) == spec.requests, "vLLM returned no per-request stats (disable_log_stats must be False)"
+    gate.record_samples("ttft", lat.ttft_s, unit="s", tolerance=TTFT_TOLERANCE)
+    gate.record_samples("tpot", lat.tpot_s, unit="s", tolerance=TOLERANCE)
+    gate.record_samples("e2e", lat.e2e_s, unit="s", tolerance=TOLERANCE)
+    per_request = [n / e for n, e in zip(lat.output_lens, lat.e2e_s, strict=True) if e > 0]
     gate.record_samples("request_throughput", per_request, unit="tokens/s", better="higher", tolerance=TOLERANCE)
     if spec.workload == "fixed":
-        assert lat["output_tokens"] == spec.requests * 64
+        assert lat.output_tokens == spec.requests * 64

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import PRESSURE_SPEC, Engine, Simulator, build, settings_of_engine
+from vramgate.testing import PRESSURE_SPEC, Engine, Simulator, build
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the simulator's agreement with the engine: block_manager gates the profiles")
@@ -37,13 +37,13 @@ def test_simulated_pressure(gate: Gate, simulator: Simulator) -> None:
 def test_engine_pressure(gate: Gate, engine: Engine) -> None:
     result = engine.run(PRESSURE_SPEC)
     sched = result.scheduler
-    gate.record("preemptions", sched["preemptions"], unit="count")
-    gate.record("recomputed_tokens", sched["recomputed_tokens"], unit="tokens")
-    gate.record("peak_blocks", sched["peak_blocks_in_use"], unit="blocks", ceiling=result.kv["usable_blocks"])
-    assert sched["preemptions"] == sched["preemptions_by_request"], (
+    gate.record("preemptions", sched.preemptions, unit="count")
+    gate.record("recomputed_tokens", sched.recomputed_tokens, unit="tokens")
+    gate.record("peak_blocks", sched.peak_blocks_in_use, unit="blocks", ceiling=result.kv.usable_blocks)
+    assert sched.preemptions == sched.preemptions_by_request, (
         "the scheduler probe and vLLM's per-request stats disagree on preemptions"
     )
-    assert sched["preemptions"] > 0, "the budget was meant to force preemptions; none happened"
+    assert sched.preemptions > 0, "the budget was meant to force preemptions; none happened"
 
 
 def test_simulator_agrees_with_engine(gate: Gate, engine: Engine, simulator: Simulator) -> None:
@@ -51,16 +51,16 @@ def test_simulator_agrees_with_engine(gate: Gate, engine: Engine, simulator: Sim
     engine ran it: off on CPU, on by default on CUDA)."""
     spec = PRESSURE_SPEC
     result = engine.run(spec)
-    if not result.scheduler["chunked_prefill"]:
+    if not result.scheduler.chunked_prefill:
         pytest.skip("this engine runs without chunked prefill; the simulator models it on")
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed,
                      max_model_len=spec.max_model_len)
-    sim = simulator.run(spec.model, workload, **settings_of_engine(result.spec, result.kv, result.scheduler))
+    sim = simulator.run(spec.model, workload, **result.simulator_settings())
     figures = {
-        "peak_blocks": (sim.peak_blocks_used, result.scheduler["peak_blocks_in_use"]),
-        "preemptions": (sim.preemptions, result.scheduler["preemptions"]),
-        "recomputed_tokens": (sim.recomputed_tokens, result.scheduler["recomputed_tokens"]),
-        "steps": (sim.steps, result.scheduler["steps"]),
+        "peak_blocks": (sim.peak_blocks_used, result.scheduler.peak_blocks_in_use),
+        "preemptions": (sim.preemptions, result.scheduler.preemptions),
+        "recomputed_tokens": (sim.recomputed_tokens, result.scheduler.recomputed_tokens),
+        "steps": (sim.steps, result.scheduler.steps),
     }
     gate.record("peak_blocks_difference", abs(figures["peak_blocks"][0] - figures["peak_blocks"][1]), unit="blocks",
                 ceiling=0)

@@ -24,9 +24,9 @@ from vramgate.testing import EngineResult, Profile, QuantRuns, engine_tier, kv_g
 
 def figures(result: EngineResult) -> dict[str, float]:
     """The run's figures that profiles' claims may name."""
-    return {"capacity_tokens": float(result.kv["capacity_tokens"]),
-            "kv_bytes_per_token": float(result.kv["bytes_per_token"]),
-            "parameter_bytes": float(result.memory["parameter_bytes"])}
+    return {"capacity_tokens": float(result.kv.capacity_tokens),
+            "kv_bytes_per_token": float(result.kv.bytes_per_token),
+            "parameter_bytes": float(result.memory.parameter_bytes)}
 
 
 @pytest.mark.gate_profiles("quantization")
@@ -34,16 +34,16 @@ def test_kv_capacity_fixed_budget(gate: Gate, quant_runs: QuantRuns, profile: Pr
     """Capacity gain over bf16 at the same total budget equals freed bytes over KV bytes per token (whole blocks)."""
     name = profile.name
     ref, run = quant_runs.run(None), quant_runs.run(profile)
-    per_token, ref_per_token = run.kv["bytes_per_token"], ref.kv["bytes_per_token"]
-    block_size = run.kv["block_size"]
-    block_bytes = run.kv["page_bytes"] * run.kv["num_layers"]
+    per_token, ref_per_token = run.kv.bytes_per_token, ref.kv.bytes_per_token
+    block_size = run.kv.block_size
+    block_bytes = run.kv.page_bytes * run.kv.num_layers
     freed = quant_runs.freed_bytes(profile)
-    assert run.kv["budget_bytes"] == quant_runs.kv_budget + freed, "the run did not get the fixed total budget"
-    gain = run.kv["capacity_tokens"] - ref.kv["capacity_tokens"]
+    assert run.kv.budget_bytes == quant_runs.kv_budget + freed, "the run did not get the fixed total budget"
+    gain = run.kv.capacity_tokens - ref.kv.capacity_tokens
     expected = kv_gain_tokens(freed, quant_runs.kv_budget, block_bytes, block_size)
     ideal = freed / per_token
     gate.record("kv_bytes_per_token", per_token, unit="B/token")
-    gate.record("capacity_tokens", run.kv["capacity_tokens"], unit="tokens", better="higher")
+    gate.record("capacity_tokens", run.kv.capacity_tokens, unit="tokens", better="higher")
     gate.record("capacity_gain_tokens", gain, unit="tokens", better="higher")
     gate.claim(
         "Weight quantization leaves the KV cache unchanged (bytes per token)",
@@ -55,7 +55,7 @@ def test_kv_capacity_fixed_budget(gate: Gate, quant_runs: QuantRuns, profile: Pr
         "At a fixed memory budget the freed weight bytes become KV: gain = freed bytes / KV bytes per token",
         held=gain == expected and ideal - block_size < gain <= ideal,
         evidence=(f"{name}: {freed:,} B freed / {per_token:,} B per token = {ideal:,.1f} tokens; vLLM allocated "
-                  f"{gain:,} more tokens ({run.kv['capacity_tokens']:,} vs {ref.kv['capacity_tokens']:,}), whole "
+                  f"{gain:,} more tokens ({run.kv.capacity_tokens:,} vs {ref.kv.capacity_tokens:,}), whole "
                   f"blocks of {block_size} tokens ({block_bytes:,} B)"),
         source="CLAIMS.md item 10",
     )
@@ -72,13 +72,13 @@ def test_fp8_weights(gate: Gate, quant_runs: QuantRuns) -> None:
                     "its online FP8 quantization fails at load without it (_C.static_scaled_fp8_quant is not built)")
     ref = quant_runs.run(None)
     run = quant_runs.engine.run(quant_runs.reference.replace(quantization="fp8"))
-    freed = int(ref.memory["parameter_bytes"]) - int(run.memory["parameter_bytes"])
+    freed = int(ref.memory.parameter_bytes) - int(run.memory.parameter_bytes)
     linear_params = sum(lin.in_features * lin.out_features for lin in layout(quant_runs.checkpoints.config).linears)
-    gate.record("parameter_bytes", run.memory["parameter_bytes"], unit="B", scope="machine")
-    gate.record("kv_bytes_per_token", run.kv["bytes_per_token"], unit="B/token")
-    gate.record("fixed_budget_gain_tokens", kv_gain_tokens(freed, quant_runs.kv_budget, run.kv["page_bytes"]
-                                                           * run.kv["num_layers"], run.kv["block_size"]),
+    gate.record("parameter_bytes", run.memory.parameter_bytes, unit="B", scope="machine")
+    gate.record("kv_bytes_per_token", run.kv.bytes_per_token, unit="B/token")
+    gate.record("fixed_budget_gain_tokens", kv_gain_tokens(freed, quant_runs.kv_budget, run.kv.page_bytes
+                                                           * run.kv.num_layers, run.kv.block_size),
                 unit="tokens", better="higher")
-    assert run.kv["bytes_per_token"] == ref.kv["bytes_per_token"]
+    assert run.kv.bytes_per_token == ref.kv.bytes_per_token
     # One byte saved per linear weight, less the scales (a few bytes per layer).
     assert 0.99 * linear_params <= freed <= linear_params, f"{freed:,} B freed for {linear_params:,} linear weights"

@@ -27,13 +27,13 @@ def test_quantized_latency(gate: Gate, quant_runs: QuantRuns, profile: Profile |
     """TTFT and TPOT samples; for a quantized run also the per-request TPOT ratio to bf16."""
     lat = quant_runs.run(profile).latency
     n = quant_runs.reference.requests
-    assert len(lat["ttft_s"]) == n and len(lat["tpot_s"]) == n, "vLLM returned no per-request stats"
-    gate.record_samples("ttft", lat["ttft_s"], unit="s", tolerance=TTFT_TOLERANCE)
-    gate.record_samples("tpot", lat["tpot_s"], unit="s", tolerance=TOLERANCE)
+    assert len(lat.ttft_s) == n and len(lat.tpot_s) == n, "vLLM returned no per-request stats"
+    gate.record_samples("ttft", lat.ttft_s, unit="s", tolerance=TTFT_TOLERANCE)
+    gate.record_samples("tpot", lat.tpot_s, unit="s", tolerance=TOLERANCE)
     if profile is None:
         return
     ref = quant_runs.run(None).latency
-    ratios = [q / r for q, r in zip(lat["tpot_s"], ref["tpot_s"], strict=True)]
+    ratios = [q / r for q, r in zip(lat.tpot_s, ref.tpot_s, strict=True)]
     gate.record_samples("tpot_vs_bf16", ratios, unit="ratio", tolerance=TOLERANCE)
-    print(f"{profile.name}: median TPOT {median(lat['tpot_s']) * 1e3:.2f} ms vs bf16 "
-          f"{median(ref['tpot_s']) * 1e3:.2f} ms (median ratio {median(ratios):.2f})")
+    print(f"{profile.name}: median TPOT {median(lat.tpot_s) * 1e3:.2f} ms vs bf16 "
+          f"{median(ref.tpot_s) * 1e3:.2f} ms (median ratio {median(ratios):.2f})")

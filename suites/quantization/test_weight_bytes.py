@@ -139,15 +139,15 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: QuantRuns, profile: Prof
     scheme, group = ck_format.format, ck_format.group_size
     result = quant_runs.run(profile)
     mem = result.memory
-    params, weights = int(mem["parameter_bytes"]), int(mem["weights_bytes"])
+    params, weights = int(mem.parameter_bytes), int(mem.weights_bytes)
     gate.record("parameter_bytes", params, unit="B", scope="machine")
     gate.record("buffer_bytes", weights - params, unit="B", scope="machine")
     if profile is not None:
         reference = quant_runs.run(None).memory
-        assert weights - params == reference["weights_bytes"] - reference["parameter_bytes"], (
+        assert weights - params == reference.weights_bytes - reference.parameter_bytes, (
             "buffers (rotary cache) differ from the bf16 run's")
-    if mem.get("vllm_model_memory_usage") is not None:  # vLLM's own loading figure (GPU tier)
-        gate.record("vllm_model_memory_bytes", int(mem["vllm_model_memory_usage"]), unit="B", tolerance=0.01,
+    if mem.vllm_model_memory_usage is not None:  # vLLM's own loading figure (GPU tier)
+        gate.record("vllm_model_memory_bytes", int(mem.vllm_model_memory_usage), unit="B", tolerance=0.01,
                     scope="machine")
     if engine_tier() != "cpu":
         # On a GPU, unquantized weights stay parameters; quantized ones are repacked for the GPU kernels.
@@ -155,7 +155,7 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: QuantRuns, profile: Prof
             bf16 = quant_runs.checkpoints.get("bf16").total_bytes
             assert params == bf16, f"vLLM holds {params:,} B of parameters, the bf16 checkpoint has {bf16:,} B"
         else:
-            reference_params = quant_runs.run(None).memory["parameter_bytes"]
+            reference_params = quant_runs.run(None).memory.parameter_bytes
             assert params < reference_params, f"{params:,} B quantized vs {reference_params:,} B bf16"
         return
     from vramgate.testing import isa

@@ -53,17 +53,17 @@ def spec(tp: int, fused: bool) -> EngineSpec:
 def record(gate: Gate, prefix: str, result: EngineResult) -> dict[str, Any]:
     """Record one run's figures under *prefix*; returns the medians used in the comparison."""
     kv, memory, lat = result.kv, result.memory, result.latency
-    gate.record(f"{prefix}.page_bytes", kv["page_bytes"], unit="B")
-    gate.record(f"{prefix}.capacity_tokens", kv["capacity_tokens"], unit="tokens", better="higher")
-    ranks = memory.get("ranks") or [memory]
+    gate.record(f"{prefix}.page_bytes", kv.page_bytes, unit="B")
+    gate.record(f"{prefix}.capacity_tokens", kv.capacity_tokens, unit="tokens", better="higher")
+    ranks = memory.ranks or [{"weights_bytes": memory.weights_bytes, "kv_tensor_bytes": memory.kv_tensor_bytes}]
     assert len(ranks) == result.spec["tensor_parallel_size"], f"figures of {len(ranks)} rank(s) came back"
     for rank, figures in enumerate(ranks):
         gate.record(f"{prefix}.rank{rank}_weights_bytes", figures["weights_bytes"], unit="B", scope="machine")
         gate.record(f"{prefix}.rank{rank}_kv_tensor_bytes", figures["kv_tensor_bytes"], unit="B", scope="machine")
-    gate.record_samples(f"{prefix}.ttft", lat["ttft_s"], unit="s", tolerance=LATENCY_TOLERANCE)
-    gate.record_samples(f"{prefix}.tpot", lat["tpot_s"], unit="s", tolerance=LATENCY_TOLERANCE)
-    return {"ttft": median(lat["ttft_s"]), "tpot": median(lat["tpot_s"]), "weights": memory["weights_bytes"],
-            "kv": memory["kv_tensor_bytes"], "capacity": kv["capacity_tokens"]}
+    gate.record_samples(f"{prefix}.ttft", lat.ttft_s, unit="s", tolerance=LATENCY_TOLERANCE)
+    gate.record_samples(f"{prefix}.tpot", lat.tpot_s, unit="s", tolerance=LATENCY_TOLERANCE)
+    return {"ttft": median(lat.ttft_s), "tpot": median(lat.tpot_s), "weights": memory.weights_bytes,
+            "kv": memory.kv_tensor_bytes, "capacity": kv.capacity_tokens}
 
 
 @pytest.mark.parametrize("tp", TP_SIZE)
@@ -77,12 +77,12 @@ def test_allreduce_rms_fusion(gate: Gate, engine: Engine, model_shape: ModelLoad
     for fused in (False, True):
         result = engine.run(spec(tp, fused))
         name = "fusion_on" if fused else "fusion_off"
-        assert result.kv["page_bytes"] == page, (
-            f"{name}: page {result.kv['page_bytes']:,} B, expected {page:,} B "
+        assert result.kv.page_bytes == page, (
+            f"{name}: page {result.kv.page_bytes:,} B, expected {page:,} B "
             f"({kv_heads_per_rank} KV heads per rank)")
-        assert result.kv["num_gpu_blocks"] == budget // (page * shape.num_layers), result.kv
-        assert result.kv["capacity_tokens"] == result.kv["num_gpu_blocks"] * BLOCK_SIZE, result.kv
-        assert len(result.latency["ttft_s"]) == 16, "vLLM returned no per-request stats"
+        assert result.kv.num_gpu_blocks == budget // (page * shape.num_layers), result.kv
+        assert result.kv.capacity_tokens == result.kv.num_gpu_blocks * BLOCK_SIZE, result.kv
+        assert len(result.latency.ttft_s) == 16, "vLLM returned no per-request stats"
         if fused:  # Note [fusion pass state]: vLLM may have left the pass disabled with a warning
             problem = fusion_problem(result.compilation.get("fusion", []))
             if problem:

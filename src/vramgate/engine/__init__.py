@@ -4,6 +4,7 @@ Import this layer's public names from here (``from vramgate.engine import ...``)
 which may split or move.
 """
 
+from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.measure import fusion_problem
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.paired import (
@@ -42,9 +43,13 @@ __all__ = [
     "EngineError",
     "EngineResult",
     "EngineSpec",
+    "KVFigures",
+    "LatencyFigures",
+    "MemoryFigures",
     "MemoryDecision",
     "PairedEngines",
     "PairedResult",
+    "SchedulerFigures",
     "SpecError",
     "UnsupportedHere",
     "apply_profile",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.records import record_fields
+from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.spec import (
     ENGINE_RESULT_FORMAT,
@@ -103,10 +104,10 @@ class EngineResult:
     spec: dict[str, Any]
     versions: dict[str, str]
     device: str
-    kv: dict[str, Any]
-    memory: dict[str, Any]
-    scheduler: dict[str, Any]
-    latency: dict[str, Any]
+    kv: KVFigures
+    memory: MemoryFigures
+    scheduler: SchedulerFigures
+    latency: LatencyFigures
     timing: dict[str, float]
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""
@@ -127,7 +128,19 @@ class EngineResult:
                                ignore_unknown=True)
         if fields.get("decision") is not None:
             fields["decision"] = MemoryDecision.from_json(fields["decision"], f"{where or 'result'}: decision")
+        prefix = f"{where}: " if where else ""
+        for name, figures in (("kv", KVFigures), ("memory", MemoryFigures), ("scheduler", SchedulerFigures),
+                              ("latency", LatencyFigures)):
+            fields[name] = figures.from_json(fields[name], f"{prefix}{name}")
         return cls(**fields)
+
+    def simulator_settings(self) -> dict[str, Any]:
+        """The simulator's settings that reproduce this run (:func:`vramgate.sim.settings_of_engine`)."""
+        from vramgate.sim import settings_of_engine
+
+        return settings_of_engine(self.spec, block_size=self.kv.block_size, num_gpu_blocks=self.kv.num_gpu_blocks,
+                                  prefix_caching=self.scheduler.prefix_caching,
+                                  async_scheduling=self.scheduler.async_scheduling)
 
     def to_json(self) -> dict[str, Any]:
         """The result as a JSON object (what :meth:`from_json` reads), with its schema."""

@@ -169,7 +169,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     if history:
         dumped = engine.collective_rpc(worker_memory_history_dump, args=(str(history_dir),))
         memory["memory_history"] = [p for p in dumped if p]
-    page = worker["groups"][0]["page_bytes"] if worker["groups"] else None
+    page = worker["groups"][0]["page_bytes"] if worker["groups"] else 0  # no KV cache: no page
     layers = sum(g["layers"] for g in worker["groups"])
     return {
         "schema": ENGINE_RESULT_FORMAT.current,
@@ -182,7 +182,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
             "usable_blocks": cache.num_gpu_blocks - 1,
             "page_bytes": page,
             "num_layers": layers,
-            "bytes_per_token": page * layers // cache.block_size if page else None,
+            "bytes_per_token": page * layers // cache.block_size if page else 0,
             "capacity_tokens": cache.kv_cache_size_tokens,
             "budget_bytes": kwargs.get("kv_cache_memory_bytes"),
             "groups": worker["groups"],

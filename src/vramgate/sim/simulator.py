@@ -99,18 +99,18 @@ class SimResult:
         return cls(**record_fields(cls, data, where, SimulationError, ignore_unknown=True))
 
 
-def settings_of_engine(spec: dict[str, Any], kv: dict[str, Any], scheduler: dict[str, Any]) -> dict[str, Any]:
+def settings_of_engine(spec: dict[str, Any], *, block_size: int, num_gpu_blocks: int, prefix_caching: bool,
+                       async_scheduling: bool) -> dict[str, Any]:
     """The :func:`simulate` settings that reproduce an engine run: its spec, and the KV pool and scheduler
-    settings the engine reported (``EngineResult.spec``, ``.kv``, ``.scheduler``).
+    settings the engine reported (``EngineResult.simulator_settings`` gives them from a result).
 
     Async scheduling is the engine's own: vLLM turns it on by default on CUDA and off on CPU, and it changes
     the steps and the block counts, so a simulator left at one setting disagrees with the other tier's engine.
     """
-    return dict(block_size=int(kv["block_size"]), num_gpu_blocks=int(kv["num_gpu_blocks"]),
+    return dict(block_size=int(block_size), num_gpu_blocks=int(num_gpu_blocks),
                 max_model_len=int(spec["max_model_len"]), max_num_seqs=int(spec["max_num_seqs"]),
                 max_num_batched_tokens=int(spec["max_num_batched_tokens"]),
-                enable_prefix_caching=bool(scheduler["prefix_caching"]),
-                async_scheduling=bool(scheduler["async_scheduling"]))
+                enable_prefix_caching=bool(prefix_caching), async_scheduling=bool(async_scheduling))
 
 
 def _build_config(model_dir: Path, *, block_size: int, max_model_len: int, max_num_seqs: int,

@@ -39,7 +39,7 @@ class Engine:
             pytest.skip(f"not on this machine: {exc}")
         except EngineError as exc:
             pytest.fail(str(exc), pytrace=False)
-        memory_history.note(result.memory.get("memory_history"))  # the test's snapshots (Note [memory history])
+        memory_history.note(result.memory.memory_history)  # the test's snapshots (Note [memory history])
         return result
 
 
