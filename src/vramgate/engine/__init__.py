@@ -9,12 +9,9 @@ from vramgate.engine.measure import fusion_problem
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.paired import (
     PairedEngines,
-    PairedResult,
     confirmed_rounds,
     latency_spec,
     paired_defaults,
-    round_ratios,
-    round_stat,
 )
 from vramgate.engine.runner import (
     EngineCache,
@@ -45,10 +42,9 @@ __all__ = [
     "EngineSpec",
     "KVFigures",
     "LatencyFigures",
-    "MemoryFigures",
     "MemoryDecision",
+    "MemoryFigures",
     "PairedEngines",
-    "PairedResult",
     "SchedulerFigures",
     "SpecError",
     "UnsupportedHere",
@@ -63,8 +59,6 @@ __all__ = [
     "kv_need",
     "latency_spec",
     "paired_defaults",
-    "round_ratios",
-    "round_stat",
     "run_engine",
     "validate",
 ]

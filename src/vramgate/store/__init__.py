@@ -2,27 +2,21 @@
 baselines a change moves, and the history of every stored value (:mod:`vramgate.store.history`)."""
 
 from vramgate.store.history import (
-    History,
     HistoryError,
-    HistoryPoint,
     SeriesKey,
     baseline_history,
     history_json,
     merge_history,
     report_points,
     select,
-    utc_date,
 )
 
 __all__ = [
-    "History",
     "HistoryError",
-    "HistoryPoint",
     "SeriesKey",
     "baseline_history",
     "history_json",
     "merge_history",
     "report_points",
     "select",
-    "utc_date",
 ]

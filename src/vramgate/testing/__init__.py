@@ -66,7 +66,7 @@ from vramgate.pytest_plugin.plugin import gate_session
 from vramgate.runtime.engine_env import EngineEnv
 
 # -- the simulator, workloads and the matrix (for the suites: import them from here) --
-from vramgate.sim import SimResult, settings_of_engine, simulate
+from vramgate.sim import SimResult, simulate
 from vramgate.testing.claims import check_claims
 from vramgate.testing.engines import (
     PRESSURE_SPEC,
@@ -78,7 +78,7 @@ from vramgate.testing.engines import (
     small_run_spec,
     unpaired_latency_tolerance,
 )
-from vramgate.testing.matrix import MatrixCase, give_budgets, matrix_params, session_matrix
+from vramgate.testing.matrix import MatrixCase, matrix_params
 from vramgate.testing.matrix_suites import matrix_suite
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem
@@ -161,7 +161,6 @@ __all__ = [
     "format_bytes",
     "fusion_problem",
     "gate_session",
-    "give_budgets",
     "installed_target",
     "isa",
     "kv_gain_tokens",
@@ -193,8 +192,6 @@ __all__ = [
     "rss_bytes",
     "run_engine",
     "runnable_candidate",
-    "session_matrix",
-    "settings_of_engine",
     "simulate",
     "skip_unmet",
     "small_run_block_size",

@@ -17,7 +17,6 @@ from vramgate.tp.spec import (
     TPError,
     TPSpec,
     TPSpecError,
-    VariantResult,
     overlap_fraction,
     peak_change,
 )
@@ -30,7 +29,6 @@ __all__ = [
     "TPError",
     "TPSpec",
     "TPSpecError",
-    "VariantResult",
     "launcher",
     "overlap_fraction",
     "peak_change",
