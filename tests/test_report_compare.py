@@ -260,3 +260,20 @@ def test_bad_input_on_the_command_line_exits_2(pytester: pytest.Pytester, old: P
         status, _, err = compare(capsys, old, path)
         assert status == 2
         assert err.startswith("vramgate: error: ") and message in err, err
+
+
+def test_a_budget_only_figure_is_not_compared_between_runs() -> None:
+    """Note [budget-only figures]: the tail percentile of one load is held to its budgets, never to another run's
+    figure; report compare says so instead of calling a noisy p90 regressed (it did, at tolerance 0)."""
+    from vramgate.core.metrics import Metric
+    from vramgate.report.compare import compare_reports
+
+    def one(value: float) -> dict[str, Any]:
+        metric = Metric("itl_p90", value, "s", scope="machine", history=False)
+        return {"schema": 1, "hardware": {"key": "hw", "tier": "cpu"}, "software": {},
+                "tests": [{"nodeid": "t.py::test_load", "suite": "serving",
+                           "metrics": [{"name": "itl_p90", "now": metric.to_json()}]}]}
+
+    (row,) = compare_reports(one(0.007), one(0.012)).rows
+    assert row.verdict == "not compared" and "held to its budgets only" in row.reason
+    assert not row.failed

@@ -21,12 +21,10 @@ from vramgate import Gate
 from vramgate.testing import (
     Engine,
     EngineSpec,
-    PairedEngines,
     Profile,
-    confirmed_rounds,
     engine_tier,
     latency_spec,
-    paired_defaults,
+    record_paired_step,
     runnable_candidate,
     skip_unmet,
 )
@@ -85,9 +83,5 @@ def test_backend_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, t
     reference = latency_spec(MODEL)
     reference = reference.replace(block_size=block_size_of(profile, reference.block_size))
     candidate = runnable_candidate(reference, profile, use_mla=True)
-    settings = paired_defaults(engine_tier())
-    with PairedEngines(reference, candidate, project_root, tmp_path, cache_root=vllm_env / "cache") as engines:
-        reference_rounds, candidate_rounds, looks = confirmed_rounds(engines, settings, seed=0)
-    request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
-    gate.record_paired(f"{settings.stat}_ratio", reference_rounds, candidate_rounds, tolerance=settings.tolerance,
-                       alpha=settings.alpha, history_tolerance=settings.history_tolerance)
+    record_paired_step(gate, reference, candidate, request, project_root=project_root, run_dir=tmp_path,
+                       cache_root=vllm_env / "cache")

@@ -18,12 +18,9 @@ import pytest
 from vramgate import Gate
 from vramgate.testing import (
     ModelLoader,
-    PairedEngines,
     Profile,
-    confirmed_rounds,
-    engine_tier,
     latency_spec,
-    paired_defaults,
+    record_paired_step,
     runnable_candidate,
     skip_unmet,
 )
@@ -35,13 +32,7 @@ def test_profile_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, m
     """Per-round median engine step of the profile over the unpatched engine's, on the calibration workload; a
     failing first look is confirmed by a second (Note [second look] in vramgate.engine.paired)."""
     skip_unmet(profile)
-    tier = engine_tier()
     reference = latency_spec("tiny-llama")
     candidate = runnable_candidate(reference, profile, model_shape(reference.model).use_mla)
-    settings = paired_defaults(tier)
-    with PairedEngines(reference, candidate, project_root, tmp_path, cache_root=vllm_env / "cache") as engines:
-        reference_rounds, candidate_rounds, looks = confirmed_rounds(engines, settings, seed=0)
-    request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
-    assert len(reference_rounds) == len(candidate_rounds) == settings.rounds * (1 if len(looks) == 1 else 2)
-    gate.record_paired(f"{settings.stat}_ratio", reference_rounds, candidate_rounds, tolerance=settings.tolerance,
-                       alpha=settings.alpha, history_tolerance=settings.history_tolerance)
+    record_paired_step(gate, reference, candidate, request, project_root=project_root, run_dir=tmp_path,
+                       cache_root=vllm_env / "cache")

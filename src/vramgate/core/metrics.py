@@ -276,4 +276,6 @@ class Metric:
             out["floor"] = self.floor
         if self.samples:
             out["samples"] = list(self.samples)
+        if not self.history:  # a report's figure only: a baseline never holds one (Note [budget-only figures])
+            out["history"] = False
         return out

@@ -259,7 +259,9 @@ def _entries(data: dict[str, Any], source: str) -> dict[tuple[str, str], ReportM
 def _judge(old: Metric, new: Metric, hardware: tuple[str, str], tiers: tuple[str, str]) -> tuple[str, float, str, str]:
     """(verdict, change, how decided, why not compared) of one metric both runs have."""
     machine = "machine" in (old.effective_scope, new.effective_scope)
-    if tiers[0] != tiers[1]:
+    if not (old.history and new.history):  # Note [budget-only figures] in vramgate.core.metrics
+        why = "held to its budgets only: a figure of one run, never compared with another's"
+    elif tiers[0] != tiers[1]:
         why = "the tiers differ"
     elif machine and hardware[0] != hardware[1]:
         why = "machine-bound, and the hardware keys differ"

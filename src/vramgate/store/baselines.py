@@ -121,6 +121,8 @@ def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
         isinstance(samples, list) and all(_is_number(s) for s in samples),
         path, f"{where}.samples", "must be a list of finite numbers",
     )
+    history = raw.get("history", True)
+    _require(isinstance(history, bool), path, f"{where}.history", f"must be true or false, got {history!r}")
     if kind_rule(raw["kind"]).needs_samples:
         _require(bool(samples), path, f"{where}.samples", f"a {raw['kind']} metric needs its samples")
     try:
@@ -134,6 +136,7 @@ def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
             ceiling=raw.get("ceiling"),
             floor=raw.get("floor"),
             samples=[float(s) for s in samples],
+            history=history,
             scope=scope,
         )
     except (TypeError, ValueError) as exc:

@@ -10,10 +10,13 @@ quantization suites run :func:`small_run_spec` at the block size of
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere, engine_tier
 from vramgate.machine.probes import memory_history
+from vramgate.pytest_plugin.fixture import Gate
 
 #: The option (``--gate-profile``) that applies a profile to every engine run of a session.
 PROFILE_OPTION = "gate_profile"
@@ -94,3 +97,19 @@ def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
     return EngineSpec(model=model, workload="fixed", requests=16,
                       block_size=small_run_block_size(model) if block_size is None else block_size,
                       max_model_len=1024, kv_budget_gib=SMALL_RUN_BUDGET_GIB)
+
+
+def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec, request: pytest.FixtureRequest, *,
+                       project_root: Path, run_dir: Path, cache_root: Path) -> None:
+    """Run *reference* and *candidate* as paired engines (Note [paired latency] in :mod:`vramgate.engine.paired`)
+    at this tier's settings, with a second look before a failure (Note [second look]), show the looks in the
+    test's report and record the per-round ratio of the median engine step (``step_ratio``) on *gate*."""
+    from vramgate.engine import PairedEngines, confirmed_rounds, paired_defaults
+
+    settings = paired_defaults(engine_tier())
+    with PairedEngines(reference, candidate, project_root, run_dir, cache_root=cache_root) as engines:
+        reference_rounds, candidate_rounds, looks = confirmed_rounds(engines, settings, seed=0)
+    request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
+    assert len(reference_rounds) == len(candidate_rounds) == settings.rounds * (1 if len(looks) == 1 else 2)
+    gate.record_paired(f"{settings.stat}_ratio", reference_rounds, candidate_rounds, tolerance=settings.tolerance,
+                       alpha=settings.alpha, history_tolerance=settings.history_tolerance)
