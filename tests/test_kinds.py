@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from vramgate.core import kinds
-from vramgate.core.kinds import MetricKind, kind_rule
+from vramgate.core.kinds import Judgement, MetricKind, kind_rule
 from vramgate.core.numbers import Better
 
 
@@ -21,11 +21,12 @@ class AbsoluteKind(MetricKind):
     default_tolerance = 2.0
 
     def judge(self, value: float, samples: Sequence[float], base_value: float, base_samples: Sequence[float],
-              *, better: Better, tolerance: float, alpha: float) -> tuple[str, float, str]:
+              *, better: Better, tolerance: float, alpha: float) -> tuple[Judgement, float, str]:
         worse = (value - base_value) if better == "lower" else (base_value - value)
         how = f"absolute, {better} is better, tolerance {tolerance:g} units"
         change = value - base_value
-        return ("regressed" if worse > tolerance else "improved" if worse < -tolerance else "ok"), change, how
+        verdict: Judgement = "regressed" if worse > tolerance else "improved" if worse < -tolerance else "ok"
+        return verdict, change, how
 
     def changed(self, verdict: str, change: float | None) -> bool:
         return verdict != "ok" or bool(change)

@@ -141,12 +141,12 @@ def test_the_shipped_file_is_the_built_in_default_and_gives_todays_cases() -> No
     assert project_matrix(ROOT / "no-such-project").entries == default.entries
     models = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
     kv = matrix_params(default, "kv_cache", ["model", "block_size", "kv_cache_dtype"],
-                       "{model}-bs{block_size}-{kv_cache_dtype}", "t", "cpu", ROOT, CPU_BOX)
+                       "{model}-bs{block_size}-{kv_cache_dtype}", "t", "cpu", ROOT, cpu_box)
     assert [p.id for p in kv] == [f"{m}-bs{b}-{d}" for m, b, d in itertools.product(models, [16, 64, 128],
                                                                                      ["auto", "fp8"])]
     more = {"cpu": {"tiny-llama": (64, 128)}, "gpu": {"tiny-llama": (32, 128), "tiny-deepseek-v2": (64,)}}
     for tier, shared in SMALL_RUN_BLOCK_SIZE.items():
-        box = CPU_BOX if tier == "cpu" else (lambda: Machine("gpu", "nvidia-h100-80gb-hbm3-80gb-x1", 1))
+        box = cpu_box if tier == "cpu" else (lambda: Machine("gpu", "nvidia-h100-80gb-hbm3-80gb-x1", 1))
         cap = matrix_params(default, "capacity", ["model", "block_size"], "{model}-bs{block_size}", "t", tier, ROOT,
                             box)
         expected = [(f"{m}-bs{b}", b != s) for m, s in shared.items() for b in (s, *more[tier].get(m, ()))]
@@ -155,7 +155,7 @@ def test_the_shipped_file_is_the_built_in_default_and_gives_todays_cases() -> No
         assert [(p.id, p.values[1]) for p in lat] == list(shared.items())
 
 
-def CPU_BOX() -> Machine:
+def cpu_box() -> Machine:
     return Machine("cpu", "cpu-x86_64-avx512-bf16-amd-epyc", 0)
 
 

@@ -83,4 +83,4 @@ def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_A
     verdict, change, how = kind_rule(metric.kind).judge(
         metric.value, metric.samples, baseline.value, baseline.samples, better=metric.better,
         tolerance=metric.effective_tolerance, alpha=alpha)
-    return verdict, change, how  # type: ignore[return-value]
+    return verdict, change, how

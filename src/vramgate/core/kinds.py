@@ -23,6 +23,8 @@ from vramgate.core.numbers import Better, relative_change, worse_change
 from vramgate.core.stats import compare_samples
 
 Scope = Literal["portable", "machine"]
+#: What a kind's rule says of a figure against its baseline (the checks' verdicts include these).
+Judgement = Literal["ok", "regressed", "improved"]
 #: Default relative tolerance of a measured metric (a 5% shift is noise).
 MEASURED_DEFAULT_TOLERANCE = 0.05
 
@@ -41,7 +43,7 @@ class MetricKind:
     [machine speed]), untrusted when the GPU-state guard finds throttling, counted apart in the upgrade report."""
 
     def judge(self, value: float, samples: Sequence[float], base_value: float, base_samples: Sequence[float],
-              *, better: Better, tolerance: float, alpha: float) -> tuple[str, float, str]:
+              *, better: Better, tolerance: float, alpha: float) -> tuple[Judgement, float, str]:
         """(verdict ``ok``/``regressed``/``improved``, relative change, how it was decided) of a figure against
         its baseline."""
         raise NotImplementedError
@@ -65,7 +67,7 @@ class ExactKind(MetricKind):
     default_tolerance = 0.0
 
     def judge(self, value: float, samples: Sequence[float], base_value: float, base_samples: Sequence[float],
-              *, better: Better, tolerance: float, alpha: float) -> tuple[str, float, str]:
+              *, better: Better, tolerance: float, alpha: float) -> tuple[Judgement, float, str]:
         """One-sided against the tolerance, in ratio terms the same both ways (:func:`worse_change`)."""
         change = relative_change(value, base_value)
         how = f"exact, {better} is better, tolerance {tolerance:.2%}"
@@ -97,7 +99,7 @@ class MeasuredKind(MetricKind):
     timed = True
 
     def judge(self, value: float, samples: Sequence[float], base_value: float, base_samples: Sequence[float],
-              *, better: Better, tolerance: float, alpha: float) -> tuple[str, float, str]:
+              *, better: Better, tolerance: float, alpha: float) -> tuple[Judgement, float, str]:
         """The medians' change beyond the tolerance, with a clear one-sided Mann-Whitney U test."""
         result = compare_samples(base_samples, samples, better=better, tolerance=tolerance, alpha=alpha)
         how = (f"measured, median of {len(samples)} vs {len(base_samples)} samples, {better} is better, tolerance "
@@ -110,6 +112,8 @@ class MeasuredKind(MetricKind):
 
 
 _KINDS: dict[str, MetricKind] = {}
+_BASE = MetricKind()
+"""The base rule: what a record of a kind this vramgate does not know is read by."""
 
 
 def register_kind(kind: MetricKind) -> MetricKind:
@@ -131,8 +135,13 @@ def kind_rule(name: str) -> MetricKind:
 def changed_by_kind(kind: str, verdict: str, change: float | None) -> bool:
     """Whether a comparison with *verdict* and *change* is a change, by *kind*'s rule (:meth:`MetricKind.changed`);
     a kind this vramgate does not know (a record of another one) by the base rule."""
-    rule = _KINDS.get(kind, MetricKind())
-    return rule.changed(verdict, change)
+    return _KINDS.get(kind, _BASE).changed(verdict, change)
+
+
+def is_timed(kind: str) -> bool:
+    """Whether figures of *kind* are timings of the host (:attr:`MetricKind.timed`); False for a kind this vramgate
+    does not know (a record of another one)."""
+    return _KINDS.get(kind, _BASE).timed
 
 
 def kind_names() -> tuple[str, ...]:

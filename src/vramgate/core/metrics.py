@@ -44,8 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramgate.core.kinds import MEASURED_DEFAULT_TOLERANCE, kind_names, kind_rule
 from vramgate.core.kinds import Scope as Scope
+from vramgate.core.kinds import kind_names, kind_rule
 
 # Re-exported (their home is vramgate.core.numbers): every layer has read them from here.
 from vramgate.core.numbers import Better as Better
@@ -66,8 +66,6 @@ def default_scope(kind: Kind) -> Scope:
     """The scope a metric of *kind* has unless its test says otherwise (see Note [metric scope]): its rule's."""
     return kind_rule(kind).default_scope
 
-#: Default relative tolerance of a measured metric (a 5% shift is noise).
-DEFAULT_MEASURED_TOLERANCE = MEASURED_DEFAULT_TOLERANCE
 
 
 def _fmt_number(value: float) -> str:

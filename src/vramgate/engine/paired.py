@@ -20,7 +20,7 @@ import json
 import random
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -292,21 +292,43 @@ def confirmed_rounds(engines: PairedEngines, settings: PairedDefaults, *, seed: 
     rounds to fail; a real regression is in every round, and 2x the rounds only sharpens the pooled test. A first
     look that passes is the verdict: the second look costs time only on a failure.
     """
-    ref, cand = engines.run(settings.rounds, seed=seed).stats(settings.stat)
-    line, worse = _look("first look", ref, cand, settings)
-    looks = [line]
-    if not worse:
-        return ref, cand, looks
-    more_ref, more_cand = engines.run(settings.rounds, seed=seed + 1).stats(settings.stat)
-    looks.append(_look("second look", more_ref, more_cand, settings)[0])
-    ref, cand = ref + more_ref, cand + more_cand
-    looks.append(_look("pooled (the verdict)", ref, cand, settings)[0])
-    return ref, cand, looks
+    stat = settings.stat
+    lines, ref, cand = looks_until_verdict(
+        lambda n: {stat: engines.run(settings.rounds, seed=seed + n).stats(stat)}, {stat: settings.tolerance},
+        settings.alpha)
+    return ref[stat], cand[stat], lines
 
 
-def _look(name: str, ref: list[float], cand: list[float], settings: PairedDefaults) -> tuple[str, bool]:
-    """The in-run check of one look with *settings*' tolerance and alpha (see :func:`look`)."""
-    return look(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha)
+def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+                        tolerances: Mapping[str, float], alpha: float
+                        ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
+    """Note [second look] for any paired measurement: ``run(n)`` takes look *n* (0, then 1) and gives, per
+    statistic, the reference's and the candidate's samples; each statistic is judged in-run at its tolerance
+    (:func:`look`). A first look where no statistic is worse is the verdict; otherwise a second look is taken and
+    the pooled samples of both are the verdict, whatever the second look alone found. The lines say what each look found; the samples of every look taken."""
+    ref: dict[str, list[float]] = {k: [] for k in tolerances}
+    cand: dict[str, list[float]] = {k: [] for k in tolerances}
+    lines: list[str] = []
+
+    def label(name: str, key: str) -> str:
+        return name if len(tolerances) == 1 else f"{name}, {key}"
+
+    for n, name in enumerate(("first look", "second look")):
+        sides = run(n)
+        worse = False
+        for key, tolerance in tolerances.items():
+            r, c = sides[key]
+            ref[key] += r
+            cand[key] += c
+            line, bad = look(label(name, key), r, c, tolerance=tolerance, alpha=alpha)
+            lines.append(line)
+            worse = worse or bad
+        if n == 0 and not worse:
+            return lines, ref, cand
+    for key, tolerance in tolerances.items():
+        lines.append(look(label("pooled (the verdict)", key), ref[key], cand[key], tolerance=tolerance,
+                          alpha=alpha)[0])
+    return lines, ref, cand
 
 
 def look(name: str, ref: Sequence[float], cand: Sequence[float], *, tolerance: float, alpha: float

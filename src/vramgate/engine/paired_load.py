@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vramgate.engine.load import Load, LoadResult, run_plan
-from vramgate.engine.paired import look
+from vramgate.engine.paired import looks_until_verdict
 from vramgate.engine.server import ApiServer
 
 
@@ -71,25 +71,11 @@ class PairedLoadSettings:
         """Run a look (``run(rounds, seed)``), and a second one when the first finds a latency worse (Note
         [second look] in :mod:`vramgate.engine.paired`: the verdict is then the pooled rounds'); the lines saying
         what each look found, and the reference's and candidate's per-burst medians by latency."""
-        ref: dict[str, list[float]] = {k: [] for k in self.tolerance}
-        cand: dict[str, list[float]] = {k: [] for k in self.tolerance}
-        lines: list[str] = []
-        for n, name in enumerate(("first look", "second look")):
+        def one_look(n: int) -> dict[str, tuple[list[float], list[float]]]:
             bursts = run(self.rounds, n)
-            worse = False
-            for latency in self.tolerance:
-                r, c = bursts.medians(latency)
-                ref[latency] += r
-                cand[latency] += c
-                line, bad = look(f"{name}, {latency}", r, c, tolerance=self.tolerance[latency], alpha=self.alpha)
-                lines.append(line)
-                worse = worse or bad
-            if not worse:
-                return lines, ref, cand
-        for latency in self.tolerance:
-            lines.append(look(f"pooled (the verdict), {latency}", ref[latency], cand[latency],
-                              tolerance=self.tolerance[latency], alpha=self.alpha)[0])
-        return lines, ref, cand
+            return {latency: bursts.medians(latency) for latency in self.tolerance}
+
+        return looks_until_verdict(one_look, self.tolerance, self.alpha)
 
 
 #: CPU (2 cores; docs/online-serving.md): bursts of 32 requests at concurrency 8, 64 + 32 tokens. An unchanged pair

@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import EngineCache, EngineError, EngineResult, EngineSpec, UnsupportedHere, engine_tier
+from vramgate.engine import (
+    EngineCache,
+    EngineError,
+    EngineResult,
+    EngineSpec,
+    PairedEngines,
+    UnsupportedHere,
+    confirmed_rounds,
+    engine_tier,
+    paired_defaults,
+)
 from vramgate.machine.probes import memory_history
 from vramgate.pytest_plugin.fixture import Gate
 
@@ -104,8 +114,6 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     """Run *reference* and *candidate* as paired engines (Note [paired latency] in :mod:`vramgate.engine.paired`)
     at this tier's settings, with a second look before a failure (Note [second look]), show the looks in the
     test's report and record the per-round ratio of the median engine step (``step_ratio``) on *gate*."""
-    from vramgate.engine import PairedEngines, confirmed_rounds, paired_defaults
-
     settings = paired_defaults(engine_tier())
     with PairedEngines(reference, candidate, project_root, run_dir, cache_root=cache_root) as engines:
         reference_rounds, candidate_rounds, looks = confirmed_rounds(engines, settings, seed=0)

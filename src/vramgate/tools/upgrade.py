@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from vramgate.core.kinds import is_timed
 from vramgate.core.records import read_json
 from vramgate.machine.software import distribution_version
 from vramgate.profiles import load_profiles
@@ -286,14 +287,6 @@ def one_sided(rows: list[dict[str, Any]], other: SideRun) -> list[dict[str, Any]
             for test, count in sorted(tests.items())]
 
 
-def changed_timing(kind: str) -> bool:
-    """Whether a regressed figure of *kind* is a timing of one process against another's (unpaired), which the
-    upgrade report counts apart (Note [metric kinds])."""
-    from vramgate.core.kinds import kind_names, kind_rule
-
-    return kind in kind_names() and kind_rule(kind).timed
-
-
 def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: str = "cpu",
             old_python: str | None = None, new_python: str | None = None, install: bool = True,
             suites: list[str] | None = None, marks: str | None = DEFAULT_MARKS, keyword: str | None = None,
@@ -330,9 +323,9 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
         "only_new": one_sided([r.to_json() for r in comparison.added], old),
         "only_old": one_sided([r.to_json() for r in comparison.removed], new),
         # Note [upgrade timings]: measured metrics (timings) of the two separate runs are shown, not gating.
-        "regressions": (sum(not changed_timing(r.kind) for r in comparison.regressions)
+        "regressions": (sum(not is_timed(r.kind) for r in comparison.regressions)
                         + sum(r["failed"] for r in latency.get("rows", []))),
-        "unpaired_timings": [r.to_json() for r in comparison.regressions if changed_timing(r.kind)],
+        "unpaired_timings": [r.to_json() for r in comparison.regressions if is_timed(r.kind)],
         "seconds": round(time.monotonic() - start, 1),
     }
     from vramgate.report.upgrade import upgrade_markdown
