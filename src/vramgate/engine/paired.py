@@ -305,7 +305,8 @@ def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float],
     """Note [second look] for any paired measurement: ``run(n)`` takes look *n* (0, then 1) and gives, per
     statistic, the reference's and the candidate's samples; each statistic is judged in-run at its tolerance
     (:func:`look`). A first look where no statistic is worse is the verdict; otherwise a second look is taken and
-    the pooled samples of both are the verdict, whatever the second look alone found. The lines say what each look found; the samples of every look taken."""
+    the pooled samples of both are the verdict, whatever the second look alone found. The lines say what each look
+    found; the samples of every look taken come back."""
     ref: dict[str, list[float]] = {k: [] for k in tolerances}
     cand: dict[str, list[float]] = {k: [] for k in tolerances}
     lines: list[str] = []
