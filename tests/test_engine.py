@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -148,27 +149,19 @@ def test_caches_and_temp_files_stay_in_the_run_folder(
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
 
 
-class _FakeRounds:
-    def __init__(self, ref: list[float], cand: list[float]) -> None:
-        self.ref, self.cand = ref, cand
-
-    def stats(self, stat: str) -> tuple[list[float], list[float]]:
-        return list(self.ref), list(self.cand)
-
-
-class _FakeEngines:
-    """Paired engines whose candidate is *shifts[i]* slower than the reference in the i-th call of run()."""
+class _FakeLooks:
+    """Looks of paired engines whose candidate is *shifts[i]* slower than the reference in the i-th look."""
 
     def __init__(self, *shifts: float) -> None:
         import random
 
-        self.shifts, self.calls, self.rng = list(shifts), 0, random.Random(3)
+        self.shifts, self.calls, self.rng = list(shifts), [], random.Random(3)
 
-    def run(self, rounds: int, *, seed: int = 0) -> _FakeRounds:
-        shift = self.shifts[self.calls]
-        self.calls += 1
-        ref = [0.01 * self.rng.lognormvariate(0, 0.02) for _ in range(rounds)]
-        return _FakeRounds(ref, [0.01 * (1 + shift) * self.rng.lognormvariate(0, 0.02) for _ in range(rounds)])
+    def take(self, n: int) -> tuple[list[float], list[float]]:
+        shift = self.shifts[n]
+        self.calls.append(n)
+        ref = [0.01 * self.rng.lognormvariate(0, 0.02) for _ in range(30)]
+        return ref, [0.01 * (1 + shift) * self.rng.lognormvariate(0, 0.02) for _ in range(30)]
 
 
 @pytest.mark.parametrize(("shifts", "looks", "worse"), [((0.0,), 1, False), ((0.11, 0.0), 3, False),
@@ -180,14 +173,36 @@ def test_a_failing_first_look_is_confirmed_by_a_second(shifts: tuple[float, ...]
     from vramgate.engine import confirmed_rounds, paired_defaults
 
     settings = paired_defaults("cpu")
-    engines = _FakeEngines(*shifts)
-    ref, cand, lines = confirmed_rounds(engines, settings)  # type: ignore[arg-type]
-    assert engines.calls == len(shifts) and len(lines) == looks and len(ref) == settings.rounds * len(shifts)
+    fake = _FakeLooks(*shifts)
+    ref, cand, lines = confirmed_rounds(fake.take, settings)
+    assert fake.calls == list(range(len(shifts))) and len(lines) == looks
+    assert len(ref) == settings.rounds * len(shifts)
     assert lines[0].startswith("first look: 30 rounds") and ("worse" in lines[0])
     if looks > 1:
         assert lines[1].startswith("second look") and lines[2].startswith("pooled (the verdict): 60 rounds")
     verdict = compare_samples(ref, cand, better="lower", tolerance=settings.tolerance, alpha=settings.alpha)
     assert verdict.regressed is worse
+
+
+def test_a_further_check_that_fails_takes_the_second_look_and_judges_the_pooled_rounds_too() -> None:
+    """The history check and the noise guard (``also``) can ask for the second look as the in-run check does; their
+    lines follow each look's, and the pooled rounds are judged by them too."""
+    from vramgate.engine import confirmed_rounds, paired_defaults
+
+    seen: list[int] = []
+
+    def also(stat: str, ref: Sequence[float], cand: Sequence[float]) -> list[tuple[str, bool]]:
+        seen.append(len(ref))
+        return [(f"against the baseline: {len(ref)} rounds", len(ref) == 30 and not seen[:-1])]
+
+    fake = _FakeLooks(0.0, 0.0)
+    ref, _, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), also=also)
+    assert fake.calls == [0, 1] and len(ref) == 60 and seen == [30, 30, 60]
+    assert lines[1] == "first look, against the baseline: 30 rounds"
+    assert lines[-1] == "pooled (the verdict), against the baseline: 60 rounds"
+    assert [line.split(":")[0] for line in lines] == [
+        "first look", "first look, against the baseline", "second look", "second look, against the baseline",
+        "pooled (the verdict)", "pooled (the verdict), against the baseline"]
 
 
 def test_vllms_ipc_sockets_fit_a_unix_socket_path_under_a_deep_run_folder(tmp_path: Path) -> None:

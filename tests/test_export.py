@@ -28,7 +28,7 @@ def test_measured(gate):
     gate.record_samples("ttft", [0.010, 0.012, 0.011, 0.013, 0.009], unit="s")
 
 def test_paired(gate):
-    gate.record_paired("step_ratio", [1.0, 2.0, 4.0], [0.5, 1.5, 4.0], tolerance=0.1)
+    gate.record_paired("step_ratio", [1.0, 1.01, 1.02], [0.98, 0.9999, 1.02], tolerance=0.1)
 """
 
 #: Bencher's example of BMF: benchmark -> measure -> metric (value, and the optional lower and upper values).
@@ -113,7 +113,7 @@ def test_bmf_export_has_the_documented_shape_and_the_run_s_figures(exported: Pat
                                  "upper_value": pytest.approx(8192 * 1.1)}
     assert bmf["test_gated.py::test_measured"]["ttft"] == {"value": 0.011, "lower_value": 0.009,
                                                            "upper_value": 0.013}
-    assert bmf["test_gated.py::test_paired"]["step_ratio"] == {"value": 0.75, "lower_value": 0.5,
+    assert bmf["test_gated.py::test_paired"]["step_ratio"] == {"value": 0.99, "lower_value": 0.98,
                                                                "upper_value": 1.0}
 
 
@@ -134,7 +134,7 @@ def test_pytorch_export_has_the_v3_record_shape_and_the_run_s_figures(exported: 
     assert by_metric["capacity"]["metric"]["extra_info"] == {"unit": "tokens", "better": "higher",
                                                               "tolerance": "0.1", "floor": "4096"}
     assert by_metric["ttft"]["metric"]["benchmark_values"] == [0.010, 0.012, 0.011, 0.013, 0.009]
-    assert by_metric["step_ratio"]["metric"]["benchmark_values"] == [0.5, 0.75, 1.0]
+    assert by_metric["step_ratio"]["metric"]["benchmark_values"] == [0.98, 0.99, 1.0]
     assert page["runners"][0]["name"] == "hw-a" and page["runners"][0]["gpu_count"] == 0
 
 

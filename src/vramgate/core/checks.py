@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vramgate.core.kinds import kind_rule
-from vramgate.core.metrics import Metric, format_change, relative_change
+from vramgate.core.metrics import Metric, Paired, format_change, relative_change
 from vramgate.core.provenance import Provenance
-from vramgate.core.stats import DEFAULT_ALPHA, compare_samples
+from vramgate.core.stats import DEFAULT_ALPHA, DETECTION_POWER, compare_samples, detectable_shift
 
 Verdict = Literal[
     "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted",
@@ -64,6 +64,34 @@ def check_budget(metric: Metric) -> str | None:
         under = format_change(relative_change(metric.value, metric.floor))
         return f"{metric.show()} is below its floor {metric.show(metric.floor)} ({under})"
     return None
+
+
+#: How the noise guard's verdict begins (Note [noise guard] in :mod:`vramgate.core.stats`).
+TOO_NOISY = "too noisy to judge"
+
+
+def paired_noise(pair: Paired) -> tuple[float | None, str]:
+    """The smallest shift the in-run check of *pair* can detect on its own samples (Note [noise guard] in
+    :mod:`vramgate.core.stats`), and a line saying it beside the tolerance; None where the samples give no spread
+    (a non-positive sample)."""
+    try:
+        shift = detectable_shift(pair.reference, pair.candidate, alpha=pair.alpha)
+    except ValueError:
+        return None, "noise: not measurable on these samples"
+    return shift, (f"noise: on this run's samples the in-run check detects a shift of {shift:.1%} or more "
+                   f"(alpha {pair.alpha:g}, power {DETECTION_POWER:.0%}); its tolerance is {pair.tolerance:.1%}")
+
+
+def check_noise(metric: Metric) -> str | None:
+    """Why *metric*, a paired metric, cannot be judged on its own samples: the run was too noisy for its in-run
+    check to detect a shift of its tolerance (Note [noise guard] in :mod:`vramgate.core.stats`); None when it can
+    be, or when the metric is not paired. Such a metric is ``untrusted``: neither a red nor a green."""
+    if metric.paired is None:
+        return None
+    shift, line = paired_noise(metric.paired)
+    if shift is None or shift <= metric.paired.tolerance:
+        return None
+    return f"{TOO_NOISY}: {line}"
 
 
 def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_ALPHA) -> tuple[Verdict, float, str]:

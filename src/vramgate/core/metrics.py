@@ -190,6 +190,9 @@ class Paired:
     candidate: tuple[float, ...]
     tolerance: float
     alpha: float = 0.01
+    looks: tuple[str, ...] = ()
+    """What each look of the measurement found (Note [second look] in :mod:`vramgate.engine.paired`), as lines a
+    failing test's message shows; empty when the samples are one look."""
 
 
 @dataclass

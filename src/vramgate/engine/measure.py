@@ -200,6 +200,9 @@ class StepTimer:
 
 #: The planted delay's fraction (Note [planted delay]).
 PLANT_DELAY_ENV = "VRAMGATE_PLANT_DELAY"
+#: The planted delay of a paired test's candidate alone (Note [planted delay]): the paired tests give it to their
+#: candidate's engine as :data:`PLANT_DELAY_ENV`, so that a whole gate run measures its own detection.
+PLANT_CANDIDATE_DELAY_ENV = "VRAMGATE_PLANT_CANDIDATE_DELAY"
 #: The planted weight bytes' fraction (Note [planted weight bytes]).
 PLANT_WEIGHT_BYTES_ENV = "VRAMGATE_PLANT_WEIGHT_BYTES"
 

@@ -279,34 +279,44 @@ PAIRED_DEFAULTS = {
 }
 
 
-def confirmed_rounds(engines: PairedEngines, settings: PairedDefaults, *, seed: int = 0
-                     ) -> tuple[list[float], list[float], list[str]]:
-    """The reference's and the candidate's per-round statistic, with a second look when the first fails, and a
-    line per look saying what it found.
+#: A look's further checks of one statistic (the noise guard, the stored baseline: ``Gate.paired_checks``):
+#: ``also(statistic, reference samples, candidate samples)`` gives a line per check and whether it fails.
+Also = Callable[[str, Sequence[float], Sequence[float]], Sequence[tuple[str, bool]]]
 
-    Note [second look]: the in-run check fails a candidate that is worse than its reference by more than the
-    tolerance with a U test clear at alpha. On two busy cores a stretch of load on one engine can push 30 rounds
-    past it on an unchanged tree (ratio 1.082, p 0.043, seen on a 2-core EPYC beside the other xdist worker). So a
-    first look that fails is not the verdict: both engines, still up, run as many rounds again, and the check
-    judges the pooled rounds at the same alpha. A false alarm then needs both the first look and the pooled
-    rounds to fail; a real regression is in every round, and 2x the rounds only sharpens the pooled test. A first
-    look that passes is the verdict: the second look costs time only on a failure.
+
+def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], settings: PairedDefaults, *,
+                     also: Also | None = None) -> tuple[list[float], list[float], list[str]]:
+    """The reference's and the candidate's per-round statistic, with a second look when the first fails, and a
+    line per look saying what it found. ``take(n)`` takes look *n* (0, then 1): :attr:`PairedDefaults.rounds`
+    round pairs of fresh engines.
+
+    Note [second look]: a paired check fails a candidate that is worse than its reference by more than the
+    tolerance with a U test clear at alpha (in-run), or whose ratios moved against the stored baseline (history).
+    On two busy cores a stretch of load on one engine, or an engine process that is a few percent slower for its
+    whole life, can push one look past either on an unchanged tree (ratio 1.082, p 0.043, on a 2-core EPYC beside
+    the other xdist worker; two clean-clone runs' ratios 0.948 and 1.069). So a first look that fails, or that is
+    too noisy to judge (Note [noise guard] in :mod:`vramgate.core.stats`), is not the verdict: the test takes a
+    second look with *fresh* engines (a new draw of each process's speed), in a quiet section
+    (:mod:`vramgate.runtime.quiet`: the other workers finish the test they run and wait), and the pooled rounds
+    of both looks are the verdict, at the same tolerance and alpha. A false alarm then needs the first look and
+    the pooled rounds to fail, so no level is spent twice: the rate is at most that of either alone. A real
+    regression is in every round, and twice the rounds only sharpen the pooled test. A first look that passes is
+    the verdict: the second look costs time only on a failure.
     """
     stat = settings.stat
-    lines, ref, cand = looks_until_verdict(
-        lambda n: {stat: engines.run(settings.rounds, seed=seed + n).stats(stat)}, {stat: settings.tolerance},
-        settings.alpha)
+    lines, ref, cand = looks_until_verdict(lambda n: {stat: take(n)}, {stat: settings.tolerance}, settings.alpha,
+                                           also=also)
     return ref[stat], cand[stat], lines
 
 
 def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float], Sequence[float]]]],
-                        tolerances: Mapping[str, float], alpha: float
+                        tolerances: Mapping[str, float], alpha: float, *, also: Also | None = None
                         ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
     """Note [second look] for any paired measurement: ``run(n)`` takes look *n* (0, then 1) and gives, per
     statistic, the reference's and the candidate's samples; each statistic is judged in-run at its tolerance
-    (:func:`look`). A first look where no statistic is worse is the verdict; otherwise a second look is taken and
-    the pooled samples of both are the verdict, whatever the second look alone found. The lines say what each look
-    found; the samples of every look taken come back."""
+    (:func:`look`) and by *also*. A first look where no check fails is the verdict; otherwise a second look is
+    taken and the pooled samples of both are the verdict, whatever the second look alone found. The lines say
+    what each look found; the samples of every look taken come back."""
     ref: dict[str, list[float]] = {k: [] for k in tolerances}
     cand: dict[str, list[float]] = {k: [] for k in tolerances}
     lines: list[str] = []
@@ -314,21 +324,26 @@ def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float],
     def label(name: str, key: str) -> str:
         return name if len(tolerances) == 1 else f"{name}, {key}"
 
+    def judge(name: str, key: str, r: Sequence[float], c: Sequence[float]) -> bool:
+        line, bad = look(label(name, key), r, c, tolerance=tolerances[key], alpha=alpha)
+        lines.append(line)
+        for more, failing in (also(key, r, c) if also else ()):
+            lines.append(f"{label(name, key)}, {more}")
+            bad = bad or failing
+        return bad
+
     for n, name in enumerate(("first look", "second look")):
         sides = run(n)
         worse = False
-        for key, tolerance in tolerances.items():
+        for key in tolerances:
             r, c = sides[key]
             ref[key] += r
             cand[key] += c
-            line, bad = look(label(name, key), r, c, tolerance=tolerance, alpha=alpha)
-            lines.append(line)
-            worse = worse or bad
+            worse = judge(name, key, r, c) or worse
         if n == 0 and not worse:
             return lines, ref, cand
-    for key, tolerance in tolerances.items():
-        lines.append(look(label("pooled (the verdict)", key), ref[key], cand[key], tolerance=tolerance,
-                          alpha=alpha)[0])
+    for key in tolerances:
+        judge("pooled (the verdict)", key, ref[key], cand[key])
     return lines, ref, cand
 
 

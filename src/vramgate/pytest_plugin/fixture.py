@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from vramgate.core.checks import TOO_NOISY, Finding, check_noise, paired_noise
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
 from vramgate.core.metrics import Better, Kind, Metric, Paired, Scope, median
@@ -37,6 +38,9 @@ class Gate:
         self._budgets: dict[str, list[tuple[str, float, str | None, str, str]]] = {}
         self.budgets_applied: list[str] = []
         """The budgets given with :meth:`budget` that a recorded metric took, as a person reads them."""
+        self.previewer: Callable[[Metric], Finding] | None = None
+        """What the end of the test would find of a metric now, against its stored baseline (set by the plugin:
+        ``GateSession.preview``); None outside a gate session."""
 
     def budget(self, metric: str, op: str, value: float, *, unit: str | None = None, text: str = "",
                source: str = "") -> None:
@@ -141,6 +145,7 @@ class Gate:
         alpha: float = 0.01,
         history_tolerance: float | None = None,
         ceiling: float | None = None,
+        looks: Sequence[str] = (),
     ) -> Metric:
         """Record a candidate against a reference measured in the same session, pair by pair (paired A/B).
 
@@ -149,19 +154,50 @@ class Gate:
         reference by more than *tolerance* with a one-sided U test clear at
         *alpha* (see :mod:`vramgate.core.stats`), and, against the stored baseline,
         when the ratios move by more than *history_tolerance* (default:
-        *tolerance*).
+        *tolerance*). Samples too noisy for the in-run check to detect a shift of
+        *tolerance* make it ``untrusted`` (Note [noise guard] in
+        :mod:`vramgate.core.stats`): it fails, saying why, and never becomes a
+        baseline. *looks*: what each look found (:meth:`paired_checks`), shown
+        when it fails.
         """
+        return self._add(self._paired(name, reference, candidate, better=better, tolerance=tolerance, alpha=alpha,
+                                      history_tolerance=history_tolerance, ceiling=ceiling, looks=looks))
+
+    def paired_checks(self, name: str, reference: Iterable[float], candidate: Iterable[float], *,
+                      better: Better = "lower", tolerance: float, alpha: float = 0.01,
+                      history_tolerance: float | None = None) -> list[tuple[str, bool]]:
+        """What the end of the test would find of these samples, recorded as :meth:`record_paired` would record
+        them, beside the in-run check: the noise guard, and the stored baseline where a gate session runs the
+        test. A line per check and whether it fails; nothing is recorded (a second look decides, Note [second
+        look] in :mod:`vramgate.engine.paired`)."""
+        metric = self._paired(name, reference, candidate, better=better, tolerance=tolerance, alpha=alpha,
+                              history_tolerance=history_tolerance, ceiling=None, looks=())
+        assert metric.paired is not None
+        noisy = check_noise(metric)
+        out = [(paired_noise(metric.paired)[1] + (f": {TOO_NOISY}" if noisy else ""), noisy is not None)]
+        if self.previewer is not None:
+            found = self.previewer(metric)
+            if found.verdict not in ("untrusted",):
+                change = "" if found.change is None else f"{found.change:+.2%}, "
+                base = "" if found.baseline is None else f" vs baseline {found.baseline.value:.4g}"
+                out.append((f"against the baseline: {name} {metric.value:.4g}{base} ({change}{found.detail or '-'}):"
+                            f" {found.verdict}", found.verdict == "regressed"))
+        return out
+
+    def _paired(self, name: str, reference: Iterable[float], candidate: Iterable[float], *, better: Better,
+                tolerance: float, alpha: float, history_tolerance: float | None, ceiling: float | None,
+                looks: Sequence[str]) -> Metric:
         ref, cand = [float(v) for v in reference], [float(v) for v in candidate]
         if len(ref) != len(cand) or len(ref) < 2:
             raise ValueError(f"metric {name!r}: need at least 2 pairs of samples, got {len(ref)} and {len(cand)}")
         if any(v <= 0 for v in ref):
             raise ValueError(f"metric {name!r}: reference samples must be positive")
         ratios = [c / r for r, c in zip(ref, cand, strict=True)]
-        return self._add(Metric(
+        return Metric(
             name, median(ratios), "ratio", "measured", better, ceiling=ceiling,
             tolerance=tolerance if history_tolerance is None else history_tolerance, samples=ratios,
-            paired=Paired(tuple(ref), tuple(cand), tolerance, alpha),
-        ))
+            paired=Paired(tuple(ref), tuple(cand), tolerance, alpha, tuple(looks)),
+        )
 
     def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> ClaimVerdict:
         """Record the verdict on a claim (held or not held) with the measured evidence.

@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import tempfile
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +28,7 @@ from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
 from vramgate.pytest_plugin.worker_order import WorkerOrder
-from vramgate.runtime import engine_env
+from vramgate.runtime import engine_env, quiet
 from vramgate.store.baselines import BaselineError
 
 SESSION_NAME = "vramgate-session"
@@ -79,6 +81,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if session.options.memory_history != "off":  # Note [memory history]: every engine records in its worker
         before = apply_engine_switch(session.options.memory_history)
         config.add_cleanup(functools.partial(restore_env, MEMORY_HISTORY_ENV, before))
+    if not hasattr(config, "workerinput") and not os.environ.get(quiet.QUIET_LOCK_ENV):
+        # Note [quiet sections] in vramgate.runtime.quiet: one lock file for this session's workers.
+        fd, name = tempfile.mkstemp(prefix="vramgate-quiet-", suffix=".lock")
+        os.close(fd)
+        os.environ[quiet.QUIET_LOCK_ENV] = name
+        config.add_cleanup(functools.partial(restore_env, quiet.QUIET_LOCK_ENV, None))
+        config.add_cleanup(functools.partial(Path(name).unlink, missing_ok=True))
     config.pluginmanager.register(session, SESSION_NAME)
     if session.options.hygiene:
         # Registered before the gate's hooks, so that its report wrapper sees a test's own outcome, before
@@ -109,6 +118,14 @@ def gate_session(config: pytest.Config) -> GateSession:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Every test runs holding the session's shared lock, so that a quiet section waits for it (Note [quiet
+    sections] in :mod:`vramgate.runtime.quiet`)."""
+    with quiet.shared():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     """An engine this machine cannot run (:class:`~vramgate.engine.UnsupportedHere`, raised before it starts: a
     paired engine, a server, an engine while another tier's figures are computed here) skips the test with the
@@ -134,6 +151,7 @@ def gate(request: pytest.FixtureRequest) -> Gate:
     session = gate_session(request.config)
     item = request.node
     recorder = Gate(item.nodeid, session.suite_for(item), session.gpus_used(item))
+    recorder.previewer = lambda metric: session.preview(recorder, metric)
     item.stash[GATE_KEY] = recorder
     return recorder
 

@@ -1,8 +1,9 @@
 """The gate's session: options, this machine's facts, every test's metrics checked against budgets and
 baselines, the baselines to write, and the plain :class:`~vramgate.report.summary.Summary` reports render.
 
-Longer than 400 lines: the order in which a metric's rules apply (untrusted, budget-only, missing, another
-machine's speed, the baseline) is one loop, kept in one place so that it reads as one decision."""
+Longer than 400 lines: the order in which a metric's rules apply (untrusted: the GPU-state guard, then the noise
+guard; budget-only, missing, another machine's speed, the baseline) is one function (``GateSession._finding``),
+kept in one place so that it reads as one decision."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget
+from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget, check_noise
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
-from vramgate.core.metrics import relative_change
+from vramgate.core.metrics import Metric, relative_change
 from vramgate.core.provenance import Provenance
 from vramgate.machine import hardware, speed
 from vramgate.machine.software import git_commit, now_utc, software_versions, version_mismatches
@@ -282,50 +283,10 @@ class GateSession:
                 if line not in mismatches:
                     mismatches.append(line)
         # Only a passing test whose measurements can be trusted records anything (see _queue_update).
-        untrusted = bool(recorder.untrusted) and any(kind_rule(m.kind).timed for m in recorder.metrics.values())
+        untrusted = ((bool(recorder.untrusted) and any(kind_rule(m.kind).timed for m in recorder.metrics.values()))
+                     or any(check_noise(m) for m in recorder.metrics.values()))
         recordable = test_passed and not untrusted
-        for metric in recorder.metrics.values():
-            budget = check_budget(metric)
-            key = self.key_for(metric.effective_scope, recorder.gpus)
-            entry = entries[metric.effective_scope]
-            base = entry.metrics.get(metric.name) if entry else None
-            if kind_rule(metric.kind).timed and recorder.untrusted:
-                findings.append(Finding(metric, "untrusted", base, entry.recorded if entry else None, None,
-                                        budget, "; ".join(recorder.untrusted)))
-                continue
-            if self.computed_tier and metric.effective_scope == "machine":
-                findings.append(Finding(metric, "not compared", budget=budget,
-                                        detail=f"machine-bound: this session computes the {self.computed_tier} "
-                                               "tier's portable figures"))
-                continue
-            if not metric.history:  # Note [budget-only figures] in vramgate.core.metrics
-                findings.append(Finding(metric, "not compared", budget=budget,
-                                        detail="held to its budgets only: never compared with a baseline"))
-                continue
-            writes = self.update_scope in ("all", metric.effective_scope)
-            if base is None:
-                missing: Verdict = "new" if self.update and recordable and writes else MISSING_VERDICTS[self.missing]
-                if missing == "new" and not (recordable and writes):
-                    missing = "not compared"  # nothing will be recorded for this test
-                elif (missing == "missing" and metric.effective_scope == "machine" and not self.has_baselines(key)
-                      and not self.require_hardware):
-                    missing = "no baselines"
-                findings.append(Finding(metric, missing, budget=budget,
-                                        detail=f"{key} has no baselines" if missing == "no baselines" else ""))
-                continue
-            timed = kind_rule(metric.kind).timed and self._speed_checked(metric.effective_scope)
-            slower = speed.mismatch_here(entry.recorded.machine_speed_s) if entry and timed else None
-            if entry and slower is not None:  # Note [machine speed]: a timing of another machine is not compared
-                unjudged: Verdict = "updated" if self.update and recordable and writes else "not compared"
-                findings.append(Finding(metric, unjudged, base, entry.recorded,
-                                        relative_change(metric.value, base.value), budget, slower))
-                continue
-            verdict, change, how = check_baseline(metric, base)
-            if self.update and recordable and writes and verdict != "ok":
-                verdict = "updated"
-            findings.append(
-                Finding(metric, verdict, base, entry.recorded if entry else None, change, budget, how)
-            )
+        findings = [self._finding(metric, recorder, entries, recordable) for metric in recorder.metrics.values()]
         result = NodeResult(recorder.nodeid, recorder.suite, findings, test_passed,
                             self.storage.path_for(self.key_for("machine", recorder.gpus), recorder.suite), mismatches,
                             conditions=list(recorder.conditions),
@@ -334,6 +295,56 @@ class GateSession:
         for scope, entry in entries.items():
             self._queue_update(result, scope, entry, recorder.gpus)
         return result
+
+    def preview(self, recorder: Gate, metric: Metric) -> Finding:
+        """What the end of the test would find of *metric* now, against the stored baseline, recording nothing:
+        how a test takes a second look before the history check fails it (Note [second look] in
+        :mod:`vramgate.engine.paired`)."""
+        entries = {scope: self._entry(self.key_for(scope, recorder.gpus), recorder.suite, recorder.nodeid)
+                   for scope in ("portable", "machine")}
+        return self._finding(metric, recorder, entries, recordable=False)
+
+    def _finding(self, metric: Metric, recorder: Gate, entries: dict[str, NodeBaseline | None],
+                 recordable: bool) -> Finding:
+        """What the gate finds of one *metric* of *recorder*: the rules in the order the module's docstring
+        gives."""
+        budget = check_budget(metric)
+        key = self.key_for(metric.effective_scope, recorder.gpus)
+        entry = entries[metric.effective_scope]
+        base = entry.metrics.get(metric.name) if entry else None
+        provenance = entry.recorded if entry else None
+        if kind_rule(metric.kind).timed and recorder.untrusted:
+            return Finding(metric, "untrusted", base, provenance, None, budget, "; ".join(recorder.untrusted))
+        noise = check_noise(metric)  # Note [noise guard] in vramgate.core.stats
+        if noise:
+            return Finding(metric, "untrusted", base, provenance, None, None, noise)
+        if self.computed_tier and metric.effective_scope == "machine":
+            return Finding(metric, "not compared", budget=budget,
+                           detail=f"machine-bound: this session computes the {self.computed_tier} tier's portable "
+                                  "figures")
+        if not metric.history:  # Note [budget-only figures] in vramgate.core.metrics
+            return Finding(metric, "not compared", budget=budget,
+                           detail="held to its budgets only: never compared with a baseline")
+        writes = self.update_scope in ("all", metric.effective_scope)
+        if base is None:
+            missing: Verdict = "new" if self.update and recordable and writes else MISSING_VERDICTS[self.missing]
+            if missing == "new" and not (recordable and writes):
+                missing = "not compared"  # nothing will be recorded for this test
+            elif (missing == "missing" and metric.effective_scope == "machine" and not self.has_baselines(key)
+                  and not self.require_hardware):
+                missing = "no baselines"
+            return Finding(metric, missing, budget=budget,
+                           detail=f"{key} has no baselines" if missing == "no baselines" else "")
+        timed = kind_rule(metric.kind).timed and self._speed_checked(metric.effective_scope)
+        slower = speed.mismatch_here(entry.recorded.machine_speed_s) if entry and timed else None
+        if entry and slower is not None:  # Note [machine speed]: a timing of another machine is not compared
+            unjudged: Verdict = "updated" if self.update and recordable and writes else "not compared"
+            return Finding(metric, unjudged, base, entry.recorded, relative_change(metric.value, base.value), budget,
+                           slower)
+        verdict, change, how = check_baseline(metric, base)
+        if self.update and recordable and writes and verdict != "ok":
+            verdict = "updated"
+        return Finding(metric, verdict, base, provenance, change, budget, how)
 
     def _queue_update(self, result: NodeResult, scope: str, entry: NodeBaseline | None, gpus: int = 1) -> None:
         """Queue the metrics of *scope* of *result* for its baseline file, under ``--gate-update`` or

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from vramgate.core.checks import TOO_NOISY, paired_noise
 from vramgate.core.metrics import format_change, format_value
 from vramgate.report.summary import ACCEPTABLE, Hardware, NodeSummary, Summary, accept_command, verdict_rank
 from vramgate.report.table import coverage_lines, moved_lines, rows_of, sorted_rows, text_table
@@ -23,6 +24,8 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
             heads.append(f"{f.metric.name} {format_change(f.change or 0.0)} vs baseline")
         elif f.verdict in ("missing", "incompatible"):
             heads.append(f"{f.metric.name} {f.verdict} baseline")
+        elif f.verdict == "untrusted" and f.detail.startswith(TOO_NOISY):
+            heads.append(f"{f.metric.name} untrusted: {TOO_NOISY}")
         elif f.verdict == "untrusted":
             heads.append(f"{f.metric.name} measured on a GPU in an untrustworthy state")
     lines = [
@@ -41,6 +44,9 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                    f"--gate-require-hardware is set and {c.key} has no baselines: record them")
             lines.append(f"- {m.name}: now {m.show(precise=True)}; no baseline in {c.file or '?'} "
                          f"({m.effective_scope} metric; {why})")
+        elif f.verdict == "untrusted" and f.detail.startswith(TOO_NOISY):
+            lines.append(f"- {m.name}: now {m.show(precise=True)}, not judged, neither a red nor a green it could "
+                         f"back, and never a baseline: {f.detail} (rerun where the machine is quieter)")
         elif f.verdict == "untrusted":
             lines.append(f"- {m.name}: now {m.show(precise=True)}, not compared: {f.detail} "
                          f"(rerun on an idle GPU at full clocks)")
@@ -53,6 +59,9 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                 f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
                 f"{change}, {f.verdict} ({f.detail})"
             )
+        if m.paired is not None:  # Note [second look] in vramgate.engine.paired: what each look found
+            lines += [f"    {line}" for line in m.paired.looks]
+            lines.append(f"    {paired_noise(m.paired)[1]}")
     recorded = next((c for c in failed if c.finding.provenance), None)
     if recorded is not None and recorded.finding.provenance is not None:
         lines.append(f"Baseline: {recorded.file or '?'}, {recorded.finding.provenance.describe()}")

@@ -10,6 +10,8 @@ quantization suites run :func:`small_run_spec` at the block size of
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,10 @@ from vramgate.engine import (
     engine_tier,
     paired_defaults,
 )
+from vramgate.engine.measure import PLANT_CANDIDATE_DELAY_ENV, PLANT_DELAY_ENV, planted_fraction
 from vramgate.machine.probes import memory_history
 from vramgate.pytest_plugin.fixture import Gate
+from vramgate.runtime import quiet
 
 #: The option (``--gate-profile``) that applies a profile to every engine run of a session.
 PROFILE_OPTION = "gate_profile"
@@ -112,12 +116,36 @@ def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
 def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec, request: pytest.FixtureRequest, *,
                        project_root: Path, run_dir: Path, cache_root: Path) -> None:
     """Run *reference* and *candidate* as paired engines (Note [paired latency] in :mod:`vramgate.engine.paired`)
-    at this tier's settings, with a second look before a failure (Note [second look]), show the looks in the
-    test's report and record the per-round ratio of the median engine step (``step_ratio``) on *gate*."""
+    at this tier's settings and record the per-round ratio of the median engine step (``step_ratio``) on *gate*.
+
+    Each look is judged as the end of the test will judge it (in-run, the noise guard, the stored baseline:
+    :meth:`~vramgate.pytest_plugin.fixture.Gate.paired_checks`); a first look that fails any is followed by a
+    second with fresh engines in a quiet section (Note [second look]), and the pooled rounds are the verdict.
+    The looks go into the test's report and into a failing test's message. ``VRAMGATE_PLANT_CANDIDATE_DELAY``
+    plants a delay in the candidate's engine steps only (Note [planted delay] in :mod:`vramgate.engine.measure`),
+    how the gate's detection in its own configuration is measured (docs/calibration.md)."""
     settings = paired_defaults(engine_tier())
-    with PairedEngines(reference, candidate, project_root, run_dir, cache_root=cache_root) as engines:
-        reference_rounds, candidate_rounds, looks = confirmed_rounds(engines, settings, seed=0)
+    name = f"{settings.stat}_ratio"
+    delay = planted_fraction(PLANT_CANDIDATE_DELAY_ENV)
+    if delay:
+        candidate = candidate.replace(env={**candidate.env, PLANT_DELAY_ENV: str(delay)})
+    quiet_lines: list[str] = []
+
+    def take(n: int) -> tuple[list[float], list[float]]:
+        with contextlib.ExitStack() as stack:
+            if n:  # Note [second look]: fresh engines, the other workers waiting
+                quiet_lines.append(stack.enter_context(quiet.quiet()))
+            engines = stack.enter_context(PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}",
+                                                        cache_root=cache_root))
+            return engines.run(settings.rounds, seed=n).stats(settings.stat)
+
+    def also(_: str, ref: Sequence[float], cand: Sequence[float]) -> list[tuple[str, bool]]:
+        return gate.paired_checks(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha,
+                                  history_tolerance=settings.history_tolerance)
+
+    reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also)
+    looks += [f"second look, {line}" for line in quiet_lines]
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
-    assert len(reference_rounds) == len(candidate_rounds) == settings.rounds * (1 if len(looks) == 1 else 2)
-    gate.record_paired(f"{settings.stat}_ratio", reference_rounds, candidate_rounds, tolerance=settings.tolerance,
-                       alpha=settings.alpha, history_tolerance=settings.history_tolerance)
+    assert len(reference_rounds) == len(candidate_rounds) == settings.rounds * (2 if quiet_lines else 1)
+    gate.record_paired(name, reference_rounds, candidate_rounds, tolerance=settings.tolerance, alpha=settings.alpha,
+                       history_tolerance=settings.history_tolerance, looks=looks)

@@ -1,0 +1,94 @@
+"""Quiet sections: a measurement that needs the machine to itself, with the other workers of the session waiting.
+
+Note [quiet sections]: on a 2-core runner the pre-merge gate's two xdist workers share the cores, and a timing
+taken while the other worker starts an engine or runs a simulation carries that load. Every test of a gate
+session runs holding a *shared* lock on one file the session's workers share (``fcntl.flock``, taken by the
+plugin around each test); a measurement that needs quiet takes it *exclusively*: it waits until the other
+workers have finished the test each is running (their shared locks go), and their next tests wait until it is
+done. Only a second look takes one (Note [second look] in :mod:`vramgate.engine.paired`), so quiet costs time
+only when a timing check has failed once: at most the other worker's current test (tens of seconds) plus the
+look itself. A test holding its own shared lock lets it go before it asks for the exclusive one (``flock``
+converts a lock by releasing it first), so two workers that both ask cannot deadlock: one gets it, then the
+other. Waiting is bounded (:data:`QUIET_WAIT_S`): past it the look proceeds without quiet and says so.
+
+The file is named by :data:`QUIET_LOCK_ENV`, which the session's controller sets for its workers; two gate
+sessions on one runner that are given the same file share their quiet too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+#: The environment variable naming the session's lock file.
+QUIET_LOCK_ENV = "VRAMGATE_QUIET_LOCK"
+#: The longest a quiet section waits for the other workers' tests to finish, in seconds.
+QUIET_WAIT_S = 300.0
+
+_held: dict[str, int] = {}
+"""Lock file -> the descriptor this process holds its shared lock on (a test in progress)."""
+
+
+def lock_path() -> Path | None:
+    """The session's lock file, or None where no session set one (the measurement runs as it comes)."""
+    raw = os.environ.get(QUIET_LOCK_ENV, "").strip()
+    return Path(raw) if raw else None
+
+
+@contextlib.contextmanager
+def shared(path: Path | None = None) -> Iterator[None]:
+    """Hold the shared lock for as long as the block runs: what every test of the session does (Note [quiet
+    sections]). Nothing without a lock file."""
+    path = path or lock_path()
+    if path is None:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    outer = _held.get(str(path))  # a gate session run inside a test of another (pytester) shares its file
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _held[str(path)] = fd
+        yield
+    finally:
+        if outer is None:
+            _held.pop(str(path), None)
+        else:
+            _held[str(path)] = outer
+        os.close(fd)  # closing the descriptor lets the lock go
+
+
+@contextlib.contextmanager
+def quiet(path: Path | None = None, wait_s: float = QUIET_WAIT_S) -> Iterator[str]:
+    """Run the block with the machine to this worker alone (Note [quiet sections]); yields a line saying how long
+    it waited for the other workers, or that it ran without quiet (no lock file, or *wait_s* passed)."""
+    path = path or lock_path()
+    if path is None:
+        yield "quiet: no other worker to wait for (no session lock)"
+        return
+    own = _held.get(str(path))
+    fd = own if own is not None else os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    start = time.monotonic()
+    got = False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
+                break
+            except BlockingIOError:
+                if time.monotonic() - start > wait_s:
+                    break
+                time.sleep(0.05)
+        waited = time.monotonic() - start
+        yield (f"quiet: waited {waited:.1f} s for the other workers' tests" if got else
+               f"quiet: the other workers were still busy after {wait_s:g} s; this look ran beside them")
+    finally:
+        if own is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # back to the test's own shared lock (released first if exclusive)
+        else:
+            os.close(fd)
