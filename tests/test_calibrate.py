@@ -192,3 +192,48 @@ def test_merge_campaigns_pools_pairs_and_refuses_mismatches() -> None:
     assert len(merged["raw"]["unchanged"]) == 5 and merged["campaign"]["pairs"] == 5 and merged["seconds"] == 10
     with pytest.raises(ValueError, match="cannot be pooled"):
         merge_campaigns([campaign(1), campaign(1, spec="other")])
+
+
+def test_exact_bounds_of_a_rate() -> None:
+    from vramgate.tools.calibration.gate_paired import lower_bound, show_rate, upper_bound
+
+    assert upper_bound(0, 300) == pytest.approx(1 - 0.05 ** (1 / 300), rel=1e-6)  # the rule of three: about 1%
+    assert upper_bound(0, 300) < 0.01 < upper_bound(0, 298)
+    assert lower_bound(20, 20) == pytest.approx(0.05 ** (1 / 20), rel=1e-6)
+    assert 0.0 < lower_bound(3, 10) < 0.3 < upper_bound(3, 10) < 1.0
+    assert upper_bound(5, 5) == 1.0 and lower_bound(0, 5) == 0.0
+    assert show_rate(0, 300) == "0/300 (0.0%; 95% upper bound 1.0%)"
+
+
+def test_the_per_gate_run_analysis_applies_the_gates_rules_and_its_second_look() -> None:
+    """Unchanged trials stay green after the second look, a planted +15% is caught, a noisy first look is only
+    untrusted when the pooled rounds are too; a trial that fails alone is cleared by the pooled rounds."""
+    from vramgate.tools.calibration.gate_paired import Rules, TrialData, analyze, render
+
+    rng = random.Random(11)
+
+    def trial(profile: str, condition: str, index: int, shift: float, sigma: float = 0.02) -> TrialData:
+        ref = [0.01 * rng.lognormvariate(0, sigma) for _ in range(30)]
+        cand = [0.01 * (1 + shift) * rng.lognormvariate(0, sigma) for _ in range(30)]
+        return TrialData(profile, condition, index, ref, cand, True)
+
+    trials = [trial("p", "unchanged", i, 0.0) for i in range(6)]
+    trials += [trial("p", "delay-10%", 10 + i, 0.15) for i in range(6)]
+    trials.append(trial("p", "unchanged", 20, 0.09))  # one unchanged trial whose engine was slow all its life
+    result = analyze(trials, rules=Rules(0.075, 0.05, 0.10))
+    unchanged, delayed = result["profiles"]["p"]["unchanged"], result["profiles"]["p"]["delay-10%"]
+    assert unchanged["trials"] == 7 and unchanged["first_look_fails"] == 1
+    assert unchanged["first_look_by_check"] == {"in-run": 1, "noise": 0, "history": 0}
+    assert unchanged["fails"] < 0.5  # pooled with any other unchanged trial, the slow one is cleared
+    assert delayed["first_look_fails"] == 6 and delayed["fails"] == pytest.approx(6.0)
+    assert result["gate_runs"] == 7 and result["gate_runs_first_look_failed"] == 1
+    assert result["gate_run_false_alarm_estimate"] == pytest.approx(unchanged["fails"] / 7)
+    # Against a stored baseline of ratio 0.9 the unchanged trials fail history, and the second look agrees.
+    stored = analyze(trials, {"p": [0.9 * rng.lognormvariate(0, 0.01) for _ in range(30)]}, Rules(0.075, 0.05, 0.10))
+    assert stored["profiles"]["p"]["unchanged"]["first_look_by_check"]["history"] == 7
+    text = render(result)
+    assert "| p | unchanged | 7 |" in text and "first looks failed in 1/7" in text
+    # Noise too high for the tolerance: every look is untrusted, and so is the verdict.
+    noisy = analyze([trial("q", "unchanged", i, 0.0, sigma=0.6) for i in range(4)], rules=Rules(0.075, 0.05, 0.1))
+    assert noisy["profiles"]["q"]["unchanged"]["first_look_by_check"]["noise"] == 4
+    assert noisy["profiles"]["q"]["unchanged"]["fails"] == pytest.approx(4.0)

@@ -22,6 +22,7 @@ Calibration on the 2-core CPU: docs/online-serving.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,15 @@ def test_serving_paired(gate: Gate, servers: Servers, model_shape: ModelLoader, 
     settings = paired_settings(tier)
     load = ServingLoad(request_rates=(float("inf"),), paired_rounds=settings.rounds)
     a, b = servers.get(reference), servers.get(candidate)
+
+    def also(latency: str, r: Sequence[float], c: Sequence[float]) -> list[tuple[str, bool]]:
+        return gate.paired_checks(f"{latency}_ratio", r, c, tolerance=settings.tolerance[latency],
+                                  alpha=settings.alpha, history_tolerance=settings.history_tolerance[latency])
+
     looks, ref, cand = settings.judge(lambda rounds, seed: servers.paired(a, b, paired_burst(load), rounds,
-                                                                          tmp_path / f"look-{seed}", seed=seed))
+                                                                          tmp_path / f"look-{seed}", seed=seed,
+                                                                          quiet_section=seed > 0), also=also)
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
     for latency in ("tpot", "ttft"):
         gate.record_paired(f"{latency}_ratio", ref[latency], cand[latency], tolerance=settings.tolerance[latency],
-                           alpha=settings.alpha, history_tolerance=settings.history_tolerance[latency])
+                           alpha=settings.alpha, history_tolerance=settings.history_tolerance[latency], looks=looks)

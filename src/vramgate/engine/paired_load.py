@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vramgate.engine.load import Load, LoadResult, run_plan
-from vramgate.engine.paired import looks_until_verdict
+from vramgate.engine.paired import Also, looks_until_verdict
 from vramgate.engine.server import ApiServer
 
 
@@ -66,16 +66,17 @@ class PairedLoadSettings:
     history_tolerance: dict[str, float]
     """By latency: the per-burst ratios moving by more than this against the stored baseline fail."""
 
-    def judge(self, run: Callable[[int, int], PairedBursts]
+    def judge(self, run: Callable[[int, int], PairedBursts], *, also: Also | None = None
               ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
-        """Run a look (``run(rounds, seed)``), and a second one when the first finds a latency worse (Note
-        [second look] in :mod:`vramgate.engine.paired`: the verdict is then the pooled rounds'); the lines saying
-        what each look found, and the reference's and candidate's per-burst medians by latency."""
+        """Run a look (``run(rounds, seed)``), and a second one when the first finds a latency worse or *also*
+        (the noise guard, the stored baseline) fails (Note [second look] in :mod:`vramgate.engine.paired`: the
+        verdict is then the pooled rounds'); the lines saying what each look found, and the reference's and
+        candidate's per-burst medians by latency."""
         def one_look(n: int) -> dict[str, tuple[list[float], list[float]]]:
             bursts = run(self.rounds, n)
             return {latency: bursts.medians(latency) for latency in self.tolerance}
 
-        return looks_until_verdict(one_look, self.tolerance, self.alpha)
+        return looks_until_verdict(one_look, self.tolerance, self.alpha, also=also)
 
 
 #: CPU (2 cores; docs/online-serving.md): bursts of 32 requests at concurrency 8, 64 + 32 tokens. An unchanged pair

@@ -12,9 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 from collections.abc import Generator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,13 +79,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if session.options.memory_history != "off":  # Note [memory history]: every engine records in its worker
         before = apply_engine_switch(session.options.memory_history)
         config.add_cleanup(functools.partial(restore_env, MEMORY_HISTORY_ENV, before))
-    if not hasattr(config, "workerinput") and not os.environ.get(quiet.QUIET_LOCK_ENV):
-        # Note [quiet sections] in vramgate.runtime.quiet: one lock file for this session's workers.
-        fd, name = tempfile.mkstemp(prefix="vramgate-quiet-", suffix=".lock")
-        os.close(fd)
-        os.environ[quiet.QUIET_LOCK_ENV] = name
-        config.add_cleanup(functools.partial(restore_env, quiet.QUIET_LOCK_ENV, None))
-        config.add_cleanup(functools.partial(Path(name).unlink, missing_ok=True))
+    if not hasattr(config, "workerinput"):  # Note [quiet sections]: one lock file for this session's workers
+        config.add_cleanup(quiet.start_session())
     config.pluginmanager.register(session, SESSION_NAME)
     if session.options.hygiene:
         # Registered before the gate's hooks, so that its report wrapper sees a test's own outcome, before

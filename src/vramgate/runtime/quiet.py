@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 #: The environment variable naming the session's lock file.
@@ -31,6 +33,23 @@ QUIET_WAIT_S = 300.0
 
 _held: dict[str, int] = {}
 """Lock file -> the descriptor this process holds its shared lock on (a test in progress)."""
+
+
+def start_session() -> Callable[[], None]:
+    """Give this process's session (and the xdist workers it starts, through the environment) a lock file of its
+    own, unless one is given already; the function that removes it at the session's end."""
+    if os.environ.get(QUIET_LOCK_ENV):
+        return lambda: None
+    fd, name = tempfile.mkstemp(prefix="vramgate-quiet-", suffix=".lock")
+    os.close(fd)
+    os.environ[QUIET_LOCK_ENV] = name
+
+    def end() -> None:
+        if os.environ.get(QUIET_LOCK_ENV) == name:
+            del os.environ[QUIET_LOCK_ENV]
+        Path(name).unlink(missing_ok=True)
+
+    return end
 
 
 def lock_path() -> Path | None:
@@ -61,13 +80,26 @@ def shared(path: Path | None = None) -> Iterator[None]:
         os.close(fd)  # closing the descriptor lets the lock go
 
 
+@dataclass(frozen=True)
+class Quiet:
+    """How a quiet section began: how long it waited for the other workers, and whether it got the machine."""
+
+    waited_s: float
+    quiet: bool
+    line: str
+    """The same in words, for a test's report."""
+
+    def __str__(self) -> str:
+        return self.line
+
+
 @contextlib.contextmanager
-def quiet(path: Path | None = None, wait_s: float = QUIET_WAIT_S) -> Iterator[str]:
-    """Run the block with the machine to this worker alone (Note [quiet sections]); yields a line saying how long
-    it waited for the other workers, or that it ran without quiet (no lock file, or *wait_s* passed)."""
+def quiet(path: Path | None = None, wait_s: float = QUIET_WAIT_S) -> Iterator[Quiet]:
+    """Run the block with the machine to this worker alone (Note [quiet sections]); yields how long it waited for
+    the other workers, or that it ran without quiet (no lock file, or *wait_s* passed)."""
     path = path or lock_path()
     if path is None:
-        yield "quiet: no other worker to wait for (no session lock)"
+        yield Quiet(0.0, False, "quiet: no other worker to wait for (no session lock)")
         return
     own = _held.get(str(path))
     fd = own if own is not None else os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -85,8 +117,8 @@ def quiet(path: Path | None = None, wait_s: float = QUIET_WAIT_S) -> Iterator[st
                     break
                 time.sleep(0.05)
         waited = time.monotonic() - start
-        yield (f"quiet: waited {waited:.1f} s for the other workers' tests" if got else
-               f"quiet: the other workers were still busy after {wait_s:g} s; this look ran beside them")
+        yield Quiet(waited, got, f"quiet: waited {waited:.1f} s for the other workers' tests" if got else
+                    f"quiet: the other workers were still busy after {wait_s:g} s; this look ran beside them")
     finally:
         if own is not None:
             fcntl.flock(fd, fcntl.LOCK_SH)  # back to the test's own shared lock (released first if exclusive)

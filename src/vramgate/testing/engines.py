@@ -130,11 +130,14 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     if delay:
         candidate = candidate.replace(env={**candidate.env, PLANT_DELAY_ENV: str(delay)})
     quiet_lines: list[str] = []
+    taken: list[int] = []
 
     def take(n: int) -> tuple[list[float], list[float]]:
+        taken.append(n)
         with contextlib.ExitStack() as stack:
-            if n:  # Note [second look]: fresh engines, the other workers waiting
-                quiet_lines.append(stack.enter_context(quiet.quiet()))
+            if n or settings.quiet:  # Note [second look]: fresh engines, the other workers waiting
+                got = stack.enter_context(quiet.quiet())
+                quiet_lines.append(f"{('first look', 'second look')[n]}, {got}")
             engines = stack.enter_context(PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}",
                                                         cache_root=cache_root))
             return engines.run(settings.rounds, seed=n).stats(settings.stat)
@@ -144,8 +147,8 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
                                   history_tolerance=settings.history_tolerance)
 
     reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also)
-    looks += [f"second look, {line}" for line in quiet_lines]
+    looks += quiet_lines
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
-    assert len(reference_rounds) == len(candidate_rounds) == settings.rounds * (2 if quiet_lines else 1)
+    assert len(reference_rounds) == len(candidate_rounds) == settings.rounds * len(taken)
     gate.record_paired(name, reference_rounds, candidate_rounds, tolerance=settings.tolerance, alpha=settings.alpha,
                        history_tolerance=settings.history_tolerance, looks=looks)

@@ -12,6 +12,7 @@ a session that is killed outright leaves none (Note [no child outlives its gate]
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from vramgate.engine.load import Load, LoadRun, run_loads
 from vramgate.engine.paired_load import PairedBursts, run_paired_bursts
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.matrix import Entry, ServingLoad
-from vramgate.runtime import process
+from vramgate.runtime import process, quiet
 
 #: The workload fields every server's spec gets (see :meth:`Servers.get`).
 _ANY = EngineSpec(model="any")
@@ -96,10 +97,13 @@ class Servers:
             pytest.fail(str(exc), pytrace=False)
 
     def paired(self, reference: ApiServer, candidate: ApiServer, burst: Load, rounds: int, run_dir: Path, *,
-               seed: int = 0) -> PairedBursts:
-        """:func:`~vramgate.engine.paired_load.run_paired_bursts` on two servers; failures as :meth:`loads`."""
+               seed: int = 0, quiet_section: bool = False) -> PairedBursts:
+        """:func:`~vramgate.engine.paired_load.run_paired_bursts` on two servers; failures as :meth:`loads`.
+        *quiet_section*: the bursts run with the session's other workers waiting (a second look: Note [second
+        look] in :mod:`vramgate.engine.paired`)."""
         try:
-            return run_paired_bursts(reference, candidate, burst, rounds, run_dir, seed=seed)
+            with quiet.quiet() if quiet_section else contextlib.nullcontext():
+                return run_paired_bursts(reference, candidate, burst, rounds, run_dir, seed=seed)
         except ServerError as exc:
             self._drop_dead()
             pytest.fail(str(exc), pytrace=False)

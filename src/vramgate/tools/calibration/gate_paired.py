@@ -19,9 +19,11 @@ detections per profile, with exact (Clopper-Pearson) 95% bounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,35 +36,44 @@ from typing import Any
 PLANTED = 0.10
 
 
-def clopper_pearson(hits: int, trials: int, level: float = 0.95) -> tuple[float, float]:
-    """The exact two-sided *level* interval of a binomial rate (each side (1 - level) / 2)."""
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+def _solve(f: Any) -> float:
+    """The p in [0, 1] where the increasing-then-false predicate *f* turns false (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) else (lo, mid)
+    return (lo + hi) / 2
+
+
+def upper_bound(hits: int, trials: int, confidence: float = 0.95) -> float:
+    """The exact (Clopper-Pearson) one-sided upper *confidence* bound of a rate seen *hits* times in *trials*: 3/n
+    for no hit at 95% (the rule of three)."""
     if trials <= 0:
-        return (math.nan, math.nan)
-    tail = (1 - level) / 2
-
-    def cdf(k: int, p: float) -> float:
-        return sum(math.comb(trials, i) * p**i * (1 - p) ** (trials - i) for i in range(k + 1))
-
-    def solve(f: Any, lo: float = 0.0, hi: float = 1.0) -> float:
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if f(mid):
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
-
-    low = 0.0 if hits == 0 else solve(lambda p: 1 - cdf(hits - 1, p) < tail)
-    high = 1.0 if hits == trials else solve(lambda p: cdf(hits, p) > tail)
-    return (low, high)
+        return math.nan
+    if hits >= trials:
+        return 1.0
+    return _solve(lambda p: _binomial_cdf(hits, trials, p) > 1 - confidence)
 
 
-def show_rate(hits: int, trials: int) -> str:
-    """``hits/trials (rate; 95% bound)``: the upper bound for a false-alarm count, both for the rest."""
+def lower_bound(hits: int, trials: int, confidence: float = 0.95) -> float:
+    """The exact one-sided lower *confidence* bound of a rate seen *hits* times in *trials*."""
+    if trials <= 0:
+        return math.nan
+    if hits <= 0:
+        return 0.0
+    return _solve(lambda p: 1 - _binomial_cdf(hits - 1, trials, p) < 1 - confidence)
+
+
+def show_rate(hits: int, trials: int, *, bound: str = "upper") -> str:
+    """``hits/trials (rate; 95% upper bound B)`` (or lower bound, for a detection)."""
     if not trials:
         return "no trials"
-    lo, hi = clopper_pearson(hits, trials)
-    return f"{hits}/{trials} ({hits / trials:.1%}; 95% CI {lo:.1%}-{hi:.1%})"
+    b = upper_bound(hits, trials) if bound == "upper" else lower_bound(hits, trials)
+    return f"{hits}/{trials} ({hits / trials:.1%}; 95% {bound} bound {b:.1%})"
 
 
 @dataclass(frozen=True)
@@ -118,18 +129,24 @@ def _busy_loop(root: Path, out: Path, stop: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
 
 
-def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None) -> None:
+def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None,
+        quiet_looks: bool = False) -> None:
     """Trials until *minutes* have passed (see the module's docstring), appended to ``out/trials.jsonl``."""
     from vramgate.engine import engine_tier
     from vramgate.engine.paired import PairedEngines, latency_spec, paired_defaults
     from vramgate.profiles import find_profile
+    from vramgate.runtime import quiet
 
     settings = paired_defaults(engine_tier())
     n_rounds = rounds or settings.rounds
     out.mkdir(parents=True, exist_ok=True)
     stop = out / "stop"
     stop.unlink(missing_ok=True)
+    # The other worker and the trials share one session lock, as a gate session's workers do (Note [quiet sections]).
+    os.environ[quiet.QUIET_LOCK_ENV] = str(out / "quiet.lock")
     other = _busy_loop(root, out, stop) if busy else None
+    # A campaign stopped by a signal still stops its other worker (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reference = latency_spec("tiny-llama")
     deadline = time.monotonic() + minutes * 60
     index = sum(1 for _ in (out / "trials.jsonl").open()) if (out / "trials.jsonl").exists() else 0
@@ -143,11 +160,17 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
                         candidate = candidate.replace(env={"VRAMGATE_PLANT_DELAY": str(delay)})
                     run_dir = out / "engines" / f"{index}"
                     t0 = time.time()
-                    with PairedEngines(reference, candidate, root, run_dir, cache_root=out / "cache") as engines:
-                        ref, cand = engines.run(n_rounds, seed=index).stats(settings.stat)
+                    with contextlib.ExitStack() as stack:
+                        got = stack.enter_context(quiet.quiet()) if settings.quiet or quiet_looks else None
+                        engines = stack.enter_context(PairedEngines(reference, candidate, root, run_dir,
+                                                                    cache_root=out / "cache"))
+                        result = engines.run(n_rounds, seed=index)
+                    ref, cand = result.stats(settings.stat)
                     line = {"profile": name, "condition": condition, "index": index, "ref": ref, "cand": cand,
+                            "ref_steps": [r.steps_s for r in result.a], "cand_steps": [r.steps_s for r in result.b],
                             "busy": busy, "started": t0, "seconds": time.time() - t0, "isa": os.environ.get(
-                                "VRAMGATE_CPU_ISA", "")}
+                                "VRAMGATE_CPU_ISA", ""), "quiet": bool(got and got.quiet),
+                            "waited_s": got.waited_s if got else 0.0}
                     with (out / "trials.jsonl").open("a", encoding="utf-8") as f:
                         f.write(json.dumps(line) + "\n")
                     print(f"trial {index}: {name} {condition}: {time.time() - t0:.1f} s", flush=True)
@@ -165,113 +188,124 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
 # -- analysis ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Rules:
+    """The paired test's rules at one setting (the gate's: :data:`~vramgate.engine.paired.PAIRED_DEFAULTS`)."""
+
+    tolerance: float
+    alpha: float
+    history_tolerance: float
+
+    def fails(self, ref: Sequence[float], cand: Sequence[float], base: Sequence[float] | None) -> list[str]:
+        """Which checks a look with these rounds fails, as the end of the test judges them: ``in-run``,
+        ``noise`` (Note [noise guard]) and, against the stored ratios *base*, ``history``."""
+        from vramgate.core.checks import check_baseline
+        from vramgate.core.metrics import Metric, median
+        from vramgate.core.stats import compare_samples, detectable_shift
+
+        out = []
+        if compare_samples(ref, cand, better="lower", tolerance=self.tolerance, alpha=self.alpha).regressed:
+            out.append("in-run")
+        if detectable_shift(ref, cand, alpha=self.alpha) > self.tolerance:
+            out.append("noise")
+        if base:
+            ratios = [c / r for r, c in zip(ref, cand, strict=True)]
+            now = Metric("step_ratio", median(ratios), "ratio", "measured", samples=ratios,
+                         tolerance=self.history_tolerance)
+            then = Metric("step_ratio", median(base), "ratio", "measured", samples=list(base))
+            if check_baseline(now, then)[0] == "regressed":
+                out.append("history")
+        return out
+
+
+def _ratio(t: TrialData) -> float:
+    from vramgate.core.metrics import median
+
+    return median([c / r for r, c in zip(t.ref, t.cand, strict=True)])
+
+
+def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] | None) -> dict[str, Any]:
+    """One profile's trials of one condition under *rules*: how often a first look fails (and which checks), and
+    how often the test fails (Note [second look]: a first look that fails, then the pooled rounds of it and of a
+    second look, here each other trial in turn: fresh engines, as the gate takes it)."""
+    from vramgate.core.stats import detectable_shift
+
+    first = [rules.fails(t.ref, t.cand, base) for t in group]
+    verdicts = []
+    for i, t in enumerate(group):
+        if not first[i]:
+            verdicts.append(0.0)
+            continue
+        others = [u for j, u in enumerate(group) if j != i]
+        pooled = [bool(rules.fails(t.ref + u.ref, t.cand + u.cand, base)) for u in others]
+        verdicts.append(sum(pooled) / len(pooled) if pooled else 1.0)
+    ratios = [_ratio(t) for t in group]
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / len(logs)
+    return {
+        "trials": len(group),
+        "ratio_range": [min(ratios), max(ratios)],
+        "between_trials_sd": math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1)),
+        "detectable_shift_max": max(detectable_shift(t.ref, t.cand, alpha=rules.alpha) for t in group),
+        "first_look_fails": sum(1 for f in first if f),
+        "first_look_by_check": {c: sum(1 for f in first if c in f) for c in ("in-run", "noise", "history")},
+        "fails": sum(verdicts),
+        "fails_per_first_look": [bool(f) for f in first],
+    }
+
+
 def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | None = None,
-            tolerance: float | None = None, alpha: float | None = None,
-            history_tolerance: float | None = None) -> dict[str, Any]:
+            rules: Rules | None = None) -> dict[str, Any]:
     """The gate's rules applied to *trials* (Note [per-gate-run campaign]); *baselines*: each profile's stored
-    ``step_ratio`` samples on this machine's key, where it has them."""
-    from vramgate.core.checks import check_baseline
-    from vramgate.core.metrics import Metric
-    from vramgate.core.stats import compare_samples, detectable_shift
+    ``step_ratio`` samples on this machine's key, where it has them.
+
+    Per gate run, the k-th unchanged trial of every profile is one gate run's set of paired tests: its first looks
+    fail when any does (a count with an exact bound, no model), and it fails with probability 1 - prod(1 - p) over
+    the profiles' confirmed rates p (an estimate, which takes the looks of fresh engines as independent)."""
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
     d = PAIRED_DEFAULTS["cpu"]
-    tol = d.tolerance if tolerance is None else tolerance
-    a = d.alpha if alpha is None else alpha
-    htol = d.history_tolerance if history_tolerance is None else history_tolerance
-
-    def ratios(t: TrialData) -> list[float]:
-        return [c / r for r, c in zip(t.ref, t.cand, strict=True)]
-
-    def in_run(ref: list[float], cand: list[float]) -> bool:
-        return compare_samples(ref, cand, better="lower", tolerance=tol, alpha=a).regressed
-
-    def noisy(ref: list[float], cand: list[float]) -> bool:
-        return detectable_shift(ref, cand, alpha=a) > tol
-
-    def history(rs: list[float], base: list[float]) -> bool:
-        m = Metric("step_ratio", sum(rs) / len(rs), "ratio", "measured", samples=sorted(rs), tolerance=htol)
-        m.value = sorted(rs)[len(rs) // 2] if len(rs) % 2 else (sorted(rs)[len(rs) // 2 - 1] +
-                                                                 sorted(rs)[len(rs) // 2]) / 2
-        b = Metric("step_ratio", sorted(base)[len(base) // 2], "ratio", "measured", samples=list(base))
-        return check_baseline(m, b)[0] == "regressed"
-
-    out: dict[str, Any] = {"tolerance": tol, "alpha": a, "history_tolerance": htol, "profiles": {}}
+    rules = rules or Rules(d.tolerance, d.alpha, d.history_tolerance)
     by: dict[tuple[str, str], list[TrialData]] = {}
-    for t in trials:
+    for t in sorted(trials, key=lambda t: t.index):
         by.setdefault((t.profile, t.condition), []).append(t)
-    gate_fail_unconfirmed: dict[int, bool] = {}
+    profiles: dict[str, dict[str, Any]] = {}
     for (profile, condition), group in sorted(by.items()):
-        group.sort(key=lambda t: t.index)
         base = (baselines or {}).get(profile)
-        entry: dict[str, Any] = {"trials": len(group)}
-        medians = [sorted(ratios(t))[len(t.ref) // 2] for t in group]
-        logs = [math.log(m) for m in medians]
-        mean = sum(logs) / len(logs)
-        entry["ratio_median_range"] = [min(medians), max(medians)]
-        entry["between_trial_sd_log"] = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
-        shifts = [detectable_shift(t.ref, t.cand, alpha=a) for t in group]
-        entry["detectable_shift_range"] = [min(shifts), max(shifts)]
-        entry["untrusted"] = sum(1 for t in group if noisy(t.ref, t.cand))
-        first = [in_run(t.ref, t.cand) for t in group]
-        hist_first = [history(ratios(t), base) if base else False for t in group]
-        entry["first_look_fails_in_run"] = sum(first)
-        entry["first_look_fails_history"] = sum(hist_first)
-        # The second look: another trial of the same profile and condition (fresh engines), pooled.
-        confirmed_pairs = looked = 0
-        confirmed_by_trial = []
-        for i, t in enumerate(group):
-            if not (first[i] or hist_first[i] or noisy(t.ref, t.cand)):
-                confirmed_by_trial.append(0.0)
-                continue
-            hits = n = 0
-            for j, u in enumerate(group):
-                if j == i:
-                    continue
-                ref, cand = t.ref + u.ref, t.cand + u.cand
-                fails = in_run(ref, cand) or noisy(ref, cand) or (base is not None and history(ratios(t) + ratios(u),
-                                                                                              base))
-                hits += fails
-                n += 1
-            confirmed_pairs += hits
-            looked += n
-            confirmed_by_trial.append(hits / n if n else 1.0)
-        entry["confirmed_expected"] = sum(confirmed_by_trial)
-        entry["confirmed_rate"] = sum(confirmed_by_trial) / len(group)
-        entry["first_look_fail_any"] = sum(1 for i in range(len(group)) if first[i] or hist_first[i] or
-                                           noisy(group[i].ref, group[i].cand))
-        # History against the campaign's own trials: each trial as the baseline of every other.
-        own = sum(history(ratios(u), ratios(t)) for t in group for u in group if u is not t)
-        entry["history_vs_own_trials"] = [own, len(group) * (len(group) - 1)]
-        out["profiles"].setdefault(profile, {})[condition] = entry
-        if condition == "unchanged":
-            for k, t in enumerate(group):
-                gate_fail_unconfirmed[k] = gate_fail_unconfirmed.get(k, False) or first[k] or hist_first[k]
-    fa = [p["unchanged"]["confirmed_rate"] for p in out["profiles"].values() if "unchanged" in p]
-    out["gate_run_false_alarm_union"] = sum(fa)
-    out["gate_runs_first_look_fail"] = [sum(gate_fail_unconfirmed.values()), len(gate_fail_unconfirmed)]
-    return out
+        profiles.setdefault(profile, {})[condition] = judge_group(group, rules, base)
+    unchanged = [p["unchanged"] for p in profiles.values() if "unchanged" in p]
+    runs = min((u["trials"] for u in unchanged), default=0)
+    failed_runs = sum(1 for k in range(runs) if any(u["fails_per_first_look"][k] for u in unchanged))
+    survive = 1.0
+    for u in unchanged:
+        survive *= 1 - u["fails"] / u["trials"]
+    return {"rules": {"tolerance": rules.tolerance, "alpha": rules.alpha, "history_tolerance": rules.history_tolerance},
+            "profiles": profiles, "gate_runs": runs, "gate_runs_first_look_failed": failed_runs,
+            "gate_run_false_alarm_estimate": 1 - survive, "history_baselines": sorted(baselines or {})}
 
 
 def render(result: dict[str, Any]) -> str:
-    """The analysis as a Markdown table per profile."""
-    lines = [f"in-run tolerance {result['tolerance']:.1%} (alpha {result['alpha']}), history tolerance "
-             f"{result['history_tolerance']:.1%}", "",
-             "| profile | condition | trials | step ratio (trial medians) | between-trial SD | detectable shift |"
-             " untrusted | first look fails (in-run / history / any) | confirmed (expected) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    """The analysis as Markdown: a row per profile and condition, then the per-gate-run figures."""
+    r = result["rules"]
+    lines = [f"In-run tolerance {r['tolerance']:.1%} (alpha {r['alpha']:g}), history tolerance "
+             f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}.",
+             "",
+             "| profile | condition | trials | step ratio, trial medians | SD between trials | largest detectable "
+             "shift | first looks failing (in-run / noise / history) | tests failing (after the second look) |",
+             "|---|---|---|---|---|---|---|---|"]
     for profile, conditions in result["profiles"].items():
         for condition, e in conditions.items():
-            n = e["trials"]
+            by = e["first_look_by_check"]
+            kind = "upper" if condition == "unchanged" else "lower"
+            first = show_rate(e["first_look_fails"], e["trials"], bound=kind)
             lines.append(
-                f"| {profile} | {condition} | {n} | {e['ratio_median_range'][0]:.3f}-{e['ratio_median_range'][1]:.3f}"
-                f" | {e['between_trial_sd_log']:.1%} | {e['detectable_shift_range'][0]:.1%}-"
-                f"{e['detectable_shift_range'][1]:.1%} | {e['untrusted']} | {e['first_look_fails_in_run']} / "
-                f"{e['first_look_fails_history']} / {e['first_look_fail_any']} | {e['confirmed_expected']:.2f} "
-                f"({e['confirmed_rate']:.1%}) |")
-    lines += ["", f"gate runs whose first looks failed somewhere: {result['gate_runs_first_look_fail'][0]} of "
-              f"{result['gate_runs_first_look_fail'][1]}; confirmed false alarms per gate run (union over "
-              f"profiles): {result['gate_run_false_alarm_union']:.2%}"]
+                f"| {profile} | {condition} | {e['trials']} | {e['ratio_range'][0]:.3f}-{e['ratio_range'][1]:.3f} | "
+                f"{e['between_trials_sd']:.1%} | {e['detectable_shift_max']:.1%} | {first} ({by['in-run']} / "
+                f"{by['noise']} / {by['history']}) | {e['fails']:.2f} of {e['trials']} "
+                f"({e['fails'] / e['trials']:.1%}) |")
+    lines += ["", f"Gate runs (one unchanged trial of each profile): first looks failed in "
+              f"{show_rate(result['gate_runs_first_look_failed'], result['gate_runs'])}; estimated false alarms per "
+              f"gate run after the second look: {result['gate_run_false_alarm_estimate']:.2%}."]
     return "\n".join(lines)
 
 
@@ -298,19 +332,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--profiles", default="kv-fp8,block-manager-min-recompute,block-manager-watermark")
     r.add_argument("--idle", action="store_true", help="no other worker")
     r.add_argument("--rounds", type=int)
+    r.add_argument("--quiet", action="store_true", help="every trial in a quiet section (whatever the tier's setting)")
     z = sub.add_parser("analyze")
     z.add_argument("folders", type=Path, nargs="+")
     z.add_argument("--key", default="", help="the baseline key whose stored ratios the history check uses")
     z.add_argument("--tolerance", type=float)
     z.add_argument("--alpha", type=float)
     z.add_argument("--history-tolerance", type=float)
+    z.add_argument("--json", type=Path, help="also write the analysis here")
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.command == "run":
-        run(root, args.out, args.minutes, [p for p in args.profiles.split(",") if p], not args.idle, args.rounds)
+        run(root, args.out, args.minutes, [p for p in args.profiles.split(",") if p], not args.idle, args.rounds,
+            args.quiet)
         return 0
-    result = analyze(load_trials(args.folders), stored_ratios(root, args.key) if args.key else None,
-                     args.tolerance, args.alpha, args.history_tolerance)
+    from vramgate.engine.paired import PAIRED_DEFAULTS
+
+    d = PAIRED_DEFAULTS["cpu"]
+    rules = Rules(d.tolerance if args.tolerance is None else args.tolerance, d.alpha if args.alpha is None else
+                  args.alpha, d.history_tolerance if args.history_tolerance is None else args.history_tolerance)
+    result = analyze(load_trials(args.folders), stored_ratios(root, args.key) if args.key else None, rules)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
     print(render(result))
     return 0
 
