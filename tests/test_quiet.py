@@ -61,6 +61,34 @@ def test_a_quiet_section_starts_only_after_the_other_workers_test_ends(tmp_path:
         other.wait(timeout=30)
 
 
+# Another worker whose tests follow each other without a gap.
+BACK_TO_BACK = """
+import pathlib, sys, time
+from vramgate.runtime import quiet
+lock, folder = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for n in range(3000):
+    if (folder / "stop").exists():
+        break
+    with quiet.shared(lock):
+        if n == 0:
+            (folder / "held").write_text("")
+        time.sleep(0.005)
+(folder / "done").write_text("")
+"""
+
+
+def test_tests_that_follow_each_other_without_a_gap_cannot_keep_a_quiet_section_out(tmp_path: Path) -> None:
+    lock = tmp_path / "quiet.lock"
+    other = _start(BACK_TO_BACK, lock, tmp_path)
+    try:
+        _wait_for(tmp_path / "held")
+        with quiet.quiet(lock, wait_s=10) as got:
+            assert got.quiet and not (tmp_path / "done").exists()
+    finally:
+        (tmp_path / "stop").write_text("")
+        other.wait(timeout=120)
+
+
 def test_the_other_workers_next_test_waits_until_the_quiet_section_ends(tmp_path: Path) -> None:
     lock = tmp_path / "quiet.lock"
     with quiet.quiet(lock):

@@ -11,6 +11,10 @@ look itself. A test holding its own shared lock lets it go before it asks for th
 converts a lock by releasing it first), so two workers that both ask cannot deadlock: one gets it, then the
 other. Waiting is bounded (:data:`QUIET_WAIT_S`): past it the look proceeds without quiet and says so.
 
+A waiting quiet section first takes a second lock (the file's name with ``.want``) that every test passes through
+before it takes its shared lock: the other workers' next tests wait from the moment a quiet section asks, so it
+cannot be kept out by tests that follow each other without a gap.
+
 The file is named by :data:`QUIET_LOCK_ENV`, which the session's controller sets for its workers; two gate
 sessions on one runner that are given the same file share their quiet too.
 """
@@ -48,6 +52,7 @@ def start_session() -> Callable[[], None]:
         if os.environ.get(QUIET_LOCK_ENV) == name:
             del os.environ[QUIET_LOCK_ENV]
         Path(name).unlink(missing_ok=True)
+        _want(Path(name)).unlink(missing_ok=True)
 
     return end
 
@@ -58,10 +63,17 @@ def lock_path() -> Path | None:
     return Path(raw) if raw else None
 
 
+def _want(path: Path) -> Path:
+    """The lock a quiet section takes first, so that the other workers' next tests wait for it (Note [quiet
+    sections]: without it, a worker that lets its shared lock go between two tests and takes it again at once
+    would keep a waiting quiet section out for ever)."""
+    return path.with_name(path.name + ".want")
+
+
 @contextlib.contextmanager
 def shared(path: Path | None = None) -> Iterator[None]:
     """Hold the shared lock for as long as the block runs: what every test of the session does (Note [quiet
-    sections]). Nothing without a lock file."""
+    sections]); it waits first for a quiet section that is waiting or running. Nothing without a lock file."""
     path = path or lock_path()
     if path is None:
         yield
@@ -69,7 +81,12 @@ def shared(path: Path | None = None) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     outer = _held.get(str(path))  # a gate session run inside a test of another (pytester) shares its file
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        want = os.open(_want(path), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(want, fcntl.LOCK_SH)  # a quiet section that wants the machine goes first
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        finally:
+            os.close(want)
         _held[str(path)] = fd
         yield
     finally:
@@ -78,6 +95,18 @@ def shared(path: Path | None = None) -> Iterator[None]:
         else:
             _held[str(path)] = outer
         os.close(fd)  # closing the descriptor lets the lock go
+
+
+def _lock_within(fd: int, deadline: float) -> bool:
+    """Take an exclusive lock on *fd* by the monotonic *deadline*; whether it was taken."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
 
 
 @dataclass(frozen=True)
@@ -103,23 +132,20 @@ def quiet(path: Path | None = None, wait_s: float = QUIET_WAIT_S) -> Iterator[Qu
         return
     own = _held.get(str(path))
     fd = own if own is not None else os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    want = os.open(_want(path), os.O_RDWR | os.O_CREAT, 0o600)
     start = time.monotonic()
     got = False
     try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                got = True
-                break
-            except BlockingIOError:
-                if time.monotonic() - start > wait_s:
-                    break
-                time.sleep(0.05)
+        fcntl.flock(fd, fcntl.LOCK_UN)  # this test's own shared lock must not keep its quiet section out
+        deadline = start + wait_s
+        got = _lock_within(want, deadline) and _lock_within(fd, deadline)
+        if not got:
+            fcntl.flock(want, fcntl.LOCK_UN)  # running beside them, it holds nobody back
         waited = time.monotonic() - start
         yield Quiet(waited, got, f"quiet: waited {waited:.1f} s for the other workers' tests" if got else
                     f"quiet: the other workers were still busy after {wait_s:g} s; this look ran beside them")
     finally:
+        os.close(want)  # the other workers' next tests may start
         if own is not None:
             fcntl.flock(fd, fcntl.LOCK_SH)  # back to the test's own shared lock (released first if exclusive)
         else:
