@@ -63,7 +63,7 @@ def test_the_detectable_shift_follows_the_noise_and_the_rounds() -> None:
         return ([rng.lognormvariate(0, sigma) for _ in range(n)], [rng.lognormvariate(0, sigma) for _ in range(n)])
 
     quiet, noisy = detectable_shift(*sides(0.02, 30), alpha=0.05), detectable_shift(*sides(0.6, 30), alpha=0.05)
-    assert 0.005 < quiet < 0.03 < 0.25 < noisy
+    assert 0.002 < quiet < 0.02 < 0.15 < noisy
     # The spread is robust: one wild round moves it little.
     values = [math.exp(0.02 * rng.gauss(0, 1)) for _ in range(30)]
     assert robust_log_spread([*values[:-1], 50.0]) < 2 * robust_log_spread(values)

@@ -266,9 +266,6 @@ class PairedDefaults:
     """Level of that U test."""
     history_tolerance: float
     """The ratios moving by more than this against the stored baseline fail."""
-    quiet: bool = False
-    """Every look runs in a quiet section (Note [quiet sections] in :mod:`vramgate.runtime.quiet`), not only the
-    second: where the other workers' load makes one look's rounds too noisy to judge (docs/calibration.md)."""
 
 
 #: CPU (2 cores, pooled campaign of 8 engine pairs per condition): with 30 rounds, per-round median engine step,

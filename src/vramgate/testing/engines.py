@@ -135,7 +135,7 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     def take(n: int) -> tuple[list[float], list[float]]:
         taken.append(n)
         with contextlib.ExitStack() as stack:
-            if n or settings.quiet:  # Note [second look]: fresh engines, the other workers waiting
+            if n:  # Note [second look]: fresh engines, the other workers waiting
                 got = stack.enter_context(quiet.quiet())
                 quiet_lines.append(f"{('first look', 'second look')[n]}, {got}")
             engines = stack.enter_context(PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}",

@@ -161,7 +161,7 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
                     run_dir = out / "engines" / f"{index}"
                     t0 = time.time()
                     with contextlib.ExitStack() as stack:
-                        got = stack.enter_context(quiet.quiet()) if settings.quiet or quiet_looks else None
+                        got = stack.enter_context(quiet.quiet()) if quiet_looks else None
                         engines = stack.enter_context(PairedEngines(reference, candidate, root, run_dir,
                                                                     cache_root=out / "cache"))
                         result = engines.run(n_rounds, seed=index)
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--profiles", default="kv-fp8,block-manager-min-recompute,block-manager-watermark")
     r.add_argument("--idle", action="store_true", help="no other worker")
     r.add_argument("--rounds", type=int)
-    r.add_argument("--quiet", action="store_true", help="every trial in a quiet section (whatever the tier's setting)")
+    r.add_argument("--quiet", action="store_true", help="every trial in a quiet section")
     z = sub.add_parser("analyze")
     z.add_argument("folders", type=Path, nargs="+")
     z.add_argument("--key", default="", help="the baseline key whose stored ratios the history check uses")
