@@ -237,3 +237,19 @@ def test_the_per_gate_run_analysis_applies_the_gates_rules_and_its_second_look()
     noisy = analyze([trial("q", "unchanged", i, 0.0, sigma=0.6) for i in range(4)], rules=Rules(0.075, 0.05, 0.1))
     assert noisy["profiles"]["q"]["unchanged"]["first_look_by_check"]["noise"] == 4
     assert noisy["profiles"]["q"]["unchanged"]["fails"] == pytest.approx(4.0)
+
+
+def test_the_noise_model_fits_the_trials_and_predicts_the_rules_outcomes() -> None:
+    from vramgate.tools.calibration.gate_paired import NoiseModel, Rules, TrialData, simulate
+
+    rng = random.Random(3)
+    trials = [TrialData("p", "unchanged", i, [0.01 * rng.lognormvariate(0, 0.03) for _ in range(30)],
+                        [0.0102 * rng.lognormvariate(0, 0.03) for _ in range(30)], True) for i in range(8)]
+    model = NoiseModel.fit(trials)
+    assert model.effect == pytest.approx(0.02, abs=0.02) and model.between < 0.03
+    assert all(0.005 < s < 0.08 for s in model.spreads) and len(model.spreads) == 16
+    rules = Rules(0.075, 0.05, 0.10)
+    assert simulate(model, rules, runs=200) < 0.02
+    assert simulate(model, rules, runs=100, shift=0.2) > 0.95
+    noisy = NoiseModel(0.0, 0.0, (0.6,))
+    assert simulate(noisy, rules, runs=50, history=False) > 0.95  # untrusted, every time

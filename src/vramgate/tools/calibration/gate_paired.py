@@ -255,13 +255,14 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
 
 
 def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | None = None,
-            rules: Rules | None = None) -> dict[str, Any]:
+            rules: Rules | None = None, model_runs: int = 0) -> dict[str, Any]:
     """The gate's rules applied to *trials* (Note [per-gate-run campaign]); *baselines*: each profile's stored
     ``step_ratio`` samples on this machine's key, where it has them.
 
     Per gate run, the k-th unchanged trial of every profile is one gate run's set of paired tests: its first looks
     fail when any does (a count with an exact bound, no model), and it fails with probability 1 - prod(1 - p) over
-    the profiles' confirmed rates p (an estimate, which takes the looks of fresh engines as independent)."""
+    the profiles' confirmed rates p (an estimate, which takes the looks of fresh engines as independent). With
+    *model_runs*, each profile's :class:`NoiseModel` predicts both rates from that many simulated tests."""
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
     d = PAIRED_DEFAULTS["cpu"]
@@ -273,6 +274,18 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     for (profile, condition), group in sorted(by.items()):
         base = (baselines or {}).get(profile)
         profiles.setdefault(profile, {})[condition] = judge_group(group, rules, base)
+    models: dict[str, dict[str, float]] = {}
+    if model_runs:
+        for (profile, condition), group in sorted(by.items()):
+            if condition != "unchanged" or len(group) < 2:
+                continue
+            model = NoiseModel.fit(group)
+            history = bool((baselines or {}).get(profile))
+            models[profile] = {
+                "effect": model.effect, "between": model.between, "runs": model_runs,
+                "false_alarms": simulate(model, rules, runs=model_runs, history=history),
+                "detection": simulate(model, rules, runs=model_runs, history=history, shift=PLANTED),
+            }
     unchanged = [p["unchanged"] for p in profiles.values() if "unchanged" in p]
     runs = min((u["trials"] for u in unchanged), default=0)
     failed_runs = sum(1 for k in range(runs) if any(u["fails_per_first_look"][k] for u in unchanged))
@@ -280,8 +293,60 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     for u in unchanged:
         survive *= 1 - u["fails"] / u["trials"]
     return {"rules": {"tolerance": rules.tolerance, "alpha": rules.alpha, "history_tolerance": rules.history_tolerance},
-            "profiles": profiles, "gate_runs": runs, "gate_runs_first_look_failed": failed_runs,
+            "profiles": profiles, "models": models, "gate_runs": runs, "gate_runs_first_look_failed": failed_runs,
             "gate_run_false_alarm_estimate": 1 - survive, "history_baselines": sorted(baselines or {})}
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """A profile's paired rounds as the trials show them: each side's per-round log step is its process's offset
+    plus noise. *effect*: the profile's true log ratio; *between*: the SD of a process pair's log ratio offset
+    (Note [second look]: an engine process is a few percent faster or slower for its whole life); *spreads*: the
+    per-round log spreads the trials had (a look draws one)."""
+
+    effect: float
+    between: float
+    spreads: tuple[float, ...]
+
+    @classmethod
+    def fit(cls, group: Sequence[TrialData]) -> NoiseModel:
+        """The model of one profile's unchanged trials."""
+        from vramgate.core.stats import robust_log_spread
+
+        logs = [math.log(_ratio(t)) for t in group]
+        mean = sum(logs) / len(logs)
+        between = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
+        return cls(mean, between, tuple(robust_log_spread(t.ref) for t in group) +
+                   tuple(robust_log_spread(t.cand) for t in group))
+
+    def look(self, rng: Any, rounds: int, shift: float = 0.0) -> tuple[list[float], list[float]]:
+        """One look's rounds from fresh engines, the candidate *shift* slower."""
+        s = rng.choice(self.spreads)
+        offset = rng.gauss(0.0, self.between)
+        ref = [0.005 * math.exp(rng.gauss(0.0, s)) for _ in range(rounds)]
+        cand = [0.005 * math.exp(self.effect + offset + math.log1p(shift) + rng.gauss(0.0, s)) for _ in range(rounds)]
+        return ref, cand
+
+
+def simulate(model: NoiseModel, rules: Rules, *, rounds: int = 30, shift: float = 0.0, runs: int = 2000,
+             history: bool = True, seed: int = 0) -> float:
+    """How often the paired test fails under *model*: a first look, a second (fresh engines) when it fails, the
+    pooled verdict; against a baseline that is another unchanged process's look where *history*."""
+    import random
+
+    rng = random.Random(seed)
+    fails = 0
+    for _ in range(runs):
+        base = None
+        if history:
+            r, c = model.look(rng, rounds)
+            base = [y / x for x, y in zip(r, c, strict=True)]
+        ref, cand = model.look(rng, rounds, shift)
+        if not rules.fails(ref, cand, base):
+            continue
+        ref2, cand2 = model.look(rng, rounds, shift)
+        fails += bool(rules.fails(ref + ref2, cand + cand2, base))
+    return fails / runs
 
 
 def render(result: dict[str, Any]) -> str:
@@ -303,6 +368,12 @@ def render(result: dict[str, Any]) -> str:
                 f"{e['between_trials_sd']:.1%} | {e['detectable_shift_max']:.1%} | {first} ({by['in-run']} / "
                 f"{by['noise']} / {by['history']}) | {e['fails']:.2f} of {e['trials']} "
                 f"({e['fails'] / e['trials']:.1%}) |")
+    models = result.get("models") or {}
+    if models:
+        lines += ["", "| profile | model: true ratio | SD between engine pairs | false alarms | detection of +10% |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {p} | {math.exp(m['effect']):.3f} | {m['between']:.1%} | {m['false_alarms']:.1%} | "
+                  f"{m['detection']:.1%} (of {m['runs']} simulated tests) |" for p, m in models.items()]
     lines += ["", f"Gate runs (one unchanged trial of each profile): first looks failed in "
               f"{show_rate(result['gate_runs_first_look_failed'], result['gate_runs'])}; estimated false alarms per "
               f"gate run after the second look: {result['gate_run_false_alarm_estimate']:.2%}."]
@@ -340,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--alpha", type=float)
     z.add_argument("--history-tolerance", type=float)
     z.add_argument("--json", type=Path, help="also write the analysis here")
+    z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.command == "run":
@@ -351,7 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = PAIRED_DEFAULTS["cpu"]
     rules = Rules(d.tolerance if args.tolerance is None else args.tolerance, d.alpha if args.alpha is None else
                   args.alpha, d.history_tolerance if args.history_tolerance is None else args.history_tolerance)
-    result = analyze(load_trials(args.folders), stored_ratios(root, args.key) if args.key else None, rules)
+    result = analyze(load_trials(args.folders), stored_ratios(root, args.key) if args.key else None, rules,
+                     args.model_runs)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
     print(render(result))
