@@ -10,7 +10,8 @@ changed), the upgrade report. A new kind is one class with these methods and one
   regression; portable by default.
 - ``measured``: a timing with its samples (Note [measured comparison] in :mod:`vramgate.core.stats`): worse by
   more than its tolerance (default 5%) *and* a clear one-sided U test; machine-bound by default; judged against
-  history only on a host of the same speed, and untrusted when the GPU-state guard says so.
+  history only on a host of the same speed, and untrusted when the GPU-state guard says so (or, paired, when the
+  noise guard does: Note [noise guard] in :mod:`vramgate.core.stats`).
 """
 
 from __future__ import annotations

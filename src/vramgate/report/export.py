@@ -3,7 +3,8 @@
 Both exports are pure functions of ``report.json``'s data (:func:`vramgate.report.data.report_data`): the
 plugin writes them at the end of a session (``--gate-export``), ``vramgate report export`` converts a stored
 report. Every metric of every test is exported (benchmark = the test's node id, measure = the metric's name),
-except an ``untrusted`` one: a measurement the GPU-state guard rejected is no figure for a dashboard.
+except an ``untrusted`` one: a measurement the GPU-state guard rejected, or a paired one too noisy to judge, is no
+figure for a dashboard.
 
 Bencher Metric Format (``bmf``), as bencher.dev's reference "Bencher Metric Format (BMF)" defines it and its
 JSON schema ``https://bencher.dev/bmf.json`` checks it: one JSON object keyed by benchmark name, each an object
