@@ -132,10 +132,10 @@ def _busy_loop(root: Path, out: Path, stop: Path) -> subprocess.Popen[bytes]:
 def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None,
         quiet_looks: bool = False) -> None:
     """Trials until *minutes* have passed (see the module's docstring), appended to ``out/trials.jsonl``."""
-    from vramgate.engine import engine_tier
-    from vramgate.engine.paired import PairedEngines, latency_spec, paired_defaults
     import pytest
 
+    from vramgate.engine import engine_tier
+    from vramgate.engine.paired import PairedEngines, latency_spec, paired_defaults
     from vramgate.profiles import find_profile
     from vramgate.runtime import quiet
     from vramgate.testing import runnable_candidate
