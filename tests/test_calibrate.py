@@ -247,7 +247,7 @@ def test_the_noise_model_fits_the_trials_and_predicts_the_rules_outcomes() -> No
                         [0.0102 * rng.lognormvariate(0, 0.03) for _ in range(30)], True) for i in range(8)]
     model = NoiseModel.fit(trials)
     assert model.effect == pytest.approx(0.02, abs=0.02) and model.between < 0.03
-    assert all(0.005 < s < 0.08 for s in model.spreads) and len(model.spreads) == 16
+    assert all(0.005 < s < 0.08 for s in model.spreads) and len(model.spreads) == 8
     rules = Rules(0.075, 0.05, 0.10)
     assert simulate(model, rules, runs=200) < 0.02
     assert simulate(model, rules, runs=100, shift=0.2) > 0.95

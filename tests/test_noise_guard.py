@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.core.stats import detectable_shift, robust_log_spread
+from vramgate.core.stats import detectable_pair_shift, robust_log_spread
 
 HW = ("--gate-hardware", "testkey", "--gate-baselines", "stored", "--gate-report", "out")
 NODE = "test_paired.py::test_ratio"
@@ -62,17 +62,18 @@ def test_the_detectable_shift_follows_the_noise_and_the_rounds() -> None:
     def sides(sigma: float, n: int) -> tuple[list[float], list[float]]:
         return ([rng.lognormvariate(0, sigma) for _ in range(n)], [rng.lognormvariate(0, sigma) for _ in range(n)])
 
-    quiet, noisy = detectable_shift(*sides(0.02, 30), alpha=0.05), detectable_shift(*sides(0.6, 30), alpha=0.05)
+    quiet = detectable_pair_shift(*sides(0.02, 30), alpha=0.05)
+    noisy = detectable_pair_shift(*sides(0.6, 30), alpha=0.05)
     assert 0.002 < quiet < 0.02 < 0.15 < noisy
     # The spread is robust: one wild round moves it little.
     values = [math.exp(0.02 * rng.gauss(0, 1)) for _ in range(30)]
     assert robust_log_spread([*values[:-1], 50.0]) < 2 * robust_log_spread(values)
     # More rounds see smaller shifts; a stricter level needs larger ones.
     many = sides(0.05, 120)
-    assert detectable_shift(*many, alpha=0.05) < detectable_shift(many[0][:30], many[1][:30], alpha=0.05)
-    assert detectable_shift(*many, alpha=0.01) > detectable_shift(*many, alpha=0.05)
-    with pytest.raises(ValueError, match="at least 2 samples"):
-        detectable_shift([1.0], [1.0])
+    assert detectable_pair_shift(*many, alpha=0.05) < detectable_pair_shift(many[0][:30], many[1][:30], alpha=0.05)
+    assert detectable_pair_shift(*many, alpha=0.01) > detectable_pair_shift(*many, alpha=0.05)
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        detectable_pair_shift([1.0], [1.0])
 
 
 def test_a_paired_check_too_noisy_for_its_tolerance_is_untrusted_and_never_a_baseline(

@@ -12,7 +12,7 @@ from typing import Literal
 from vramgate.core.kinds import kind_rule
 from vramgate.core.metrics import Metric, Paired, format_change, relative_change
 from vramgate.core.provenance import Provenance
-from vramgate.core.stats import DEFAULT_ALPHA, DETECTION_POWER, compare_samples, detectable_shift
+from vramgate.core.stats import DEFAULT_ALPHA, DETECTION_POWER, compare_pairs, detectable_pair_shift
 
 Verdict = Literal[
     "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted",
@@ -51,12 +51,12 @@ def check_budget(metric: Metric) -> str | None:
     """
     if metric.paired is not None:
         pair = metric.paired
-        result = compare_samples(pair.reference, pair.candidate, better=metric.better, tolerance=pair.tolerance,
-                                 alpha=pair.alpha)
+        result = compare_pairs(pair.reference, pair.candidate, better=metric.better, tolerance=pair.tolerance,
+                               alpha=pair.alpha)
         if result.regressed:
-            return (f"the candidate is worse than its reference in this run: median {result.candidate_median:.6g} vs "
-                    f"{result.baseline_median:.6g} ({format_change(result.change)}; tolerance {pair.tolerance:.1%}, "
-                    f"one-sided p = {result.p_worse:.2g})")
+            return (f"the candidate is worse than its reference in this run: median ratio {1 + result.change:.4g} "
+                    f"({format_change(result.change)}; tolerance {pair.tolerance:.1%}, signed-rank one-sided "
+                    f"p = {result.p_worse:.2g})")
     if metric.ceiling is not None and metric.value > metric.ceiling:
         over = format_change(relative_change(metric.value, metric.ceiling))
         return f"{metric.show()} is above its ceiling {metric.show(metric.ceiling)} ({over})"
@@ -75,7 +75,7 @@ def paired_noise(pair: Paired) -> tuple[float | None, str]:
     :mod:`vramgate.core.stats`), and a line saying it beside the tolerance; None where the samples give no spread
     (a non-positive sample)."""
     try:
-        shift = detectable_shift(pair.reference, pair.candidate, alpha=pair.alpha)
+        shift = detectable_pair_shift(pair.reference, pair.candidate, alpha=pair.alpha)
     except ValueError:
         return None, "noise: not measurable on these samples"
     return shift, (f"noise: on this run's samples the in-run check detects a shift of {shift:.1%} or more "

@@ -182,8 +182,8 @@ class Paired:
     """The two sides of a paired measurement (reference and candidate, same session, same machine state).
 
     The metric regresses within the session when the candidate is worse than
-    the reference by more than ``tolerance`` and a one-sided Mann-Whitney U
-    test is clear (the rule of :func:`vramgate.core.stats.compare_samples`).
+    the reference by more than ``tolerance`` and a one-sided signed-rank test
+    of the pairs' ratios is clear (:func:`vramgate.core.stats.compare_pairs`).
     """
 
     reference: tuple[float, ...]

@@ -140,7 +140,7 @@ def compare_samples(
     return SampleComparison(base_med, cand_med, change, p_worse, p_better, regressed, improved)
 
 
-#: The power at which :func:`detectable_shift` states the smallest shift a comparison can see.
+#: The power at which :func:`detectable_pair_shift` states the smallest shift a comparison can see.
 DETECTION_POWER = 0.5
 
 
@@ -168,26 +168,94 @@ def robust_log_spread(values: Sequence[float]) -> float:
     return 1.4826 * median([abs(x - centre) for x in logs])
 
 
-def detectable_shift(baseline: Sequence[float], candidate: Sequence[float], *, alpha: float = DEFAULT_ALPHA,
-                     power: float = DETECTION_POWER) -> float:
-    """The smallest relative shift of the median that :func:`compare_samples` at *alpha* detects with *power*,
-    given the noise of these samples (Note [noise guard]).
+@cache
+def _signed_rank_counts(n: int) -> tuple[int, ...]:
+    """Number of sign assignments of ranks 1..n for each value of the positive rank sum."""
+    counts = [1]
+    for rank in range(1, n + 1):
+        grown = counts + [0] * rank
+        for total, c in enumerate(counts):
+            grown[total + rank] += c
+        counts = grown
+    return tuple(counts)
+
+
+def signed_rank_greater(differences: Sequence[float]) -> float:
+    """One-sided p-value for "the differences tend to be above zero" (Wilcoxon signed-rank; zeros dropped).
+
+    Exact for up to :data:`_EXACT_LIMIT` differences without ties in their magnitudes; normal approximation with
+    tie and continuity correction otherwise."""
+    d = [x for x in differences if x != 0]
+    n = len(d)
+    if n == 0:
+        return 1.0
+    ordered = sorted(d, key=abs)
+    ranks = [0.0] * n
+    tie_term = 0.0
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and abs(ordered[j + 1]) == abs(ordered[i]):
+            j += 1
+        for k in range(i, j + 1):
+            ranks[k] = (i + j) / 2.0 + 1.0
+        t = j - i + 1
+        tie_term += t**3 - t
+        i = j + 1
+    w = sum(r for r, x in zip(ranks, ordered, strict=True) if x > 0)
+    if tie_term == 0 and n <= _EXACT_LIMIT:
+        counts = _signed_rank_counts(n)
+        return sum(counts[round(w):]) / 2**n
+    mean = n * (n + 1) / 4.0
+    var = n * (n + 1) * (2 * n + 1) / 24.0 - tie_term / 48.0
+    if var <= 0:
+        return 1.0
+    return _normal_sf((w - mean - 0.5) / math.sqrt(var))
+
+
+def compare_pairs(reference: Sequence[float], candidate: Sequence[float], *, better: Better, tolerance: float,
+                  alpha: float = DEFAULT_ALPHA) -> SampleComparison:
+    """Compare a candidate with its reference pair by pair (Note [paired comparison]).
+
+    Note [paired comparison]: a paired measurement takes its two sides in pairs, side by side, in a random order
+    within each pair. Under "no difference" each pair's log ratio candidate / reference is then as likely above
+    zero as below, whatever the machine did in that pair's time, so a one-sided Wilcoxon signed-rank test of the
+    log ratios (:func:`signed_rank_greater`) is exact, and it sees only what the pairing leaves of the noise: on
+    a 2-core CPU, where a round's engine step spreads by 10-25% from round to round, the log ratio of a round pair
+    spreads by less, since both sides of a pair share part of it (docs/calibration.md). The candidate is worse
+    when the median ratio is worse than 1 by more than *tolerance* (in ratio terms, the same in both directions)
+    and the test is clear at *alpha*; ``change`` is the median ratio minus 1.
+    """
+    if len(reference) != len(candidate) or not reference:
+        raise ValueError(f"pairs differ in number: {len(reference)} vs {len(candidate)}")
+    if any(x <= 0 for x in reference) or any(y <= 0 for y in candidate):
+        raise ValueError("a paired comparison needs positive samples")
+    logs = [math.log(y / x) for x, y in zip(reference, candidate, strict=True)]
+    ratio = math.exp(median(logs))
+    p_greater, p_less = signed_rank_greater(logs), signed_rank_greater([-x for x in logs])
+    worse, gain = worse_change(ratio, 1.0, better), worse_change(1.0, ratio, better)
+    p_worse, p_better = (p_greater, p_less) if better == "lower" else (p_less, p_greater)
+    return SampleComparison(median(reference), median(candidate), ratio - 1.0, p_worse, p_better,
+                            worse > tolerance and p_worse < alpha, gain > tolerance and p_better < alpha)
+
+
+def detectable_pair_shift(reference: Sequence[float], candidate: Sequence[float], *, alpha: float = DEFAULT_ALPHA,
+                          power: float = DETECTION_POWER) -> float:
+    """The smallest relative shift that :func:`compare_pairs` at *alpha* detects with *power*, given the noise of
+    these pairs (Note [noise guard]).
 
     Note [noise guard]: a comparison on samples this noisy cannot back a verdict at a tolerance below the shift
-    it can see. The noise is each side's :func:`robust_log_spread`, pooled; the shift is the normal-theory
-    detectable difference of two means on the log scale, ``(z_(1-alpha) + z_power) * s * sqrt(1/m + 1/n)``, over
-    the U test's asymptotic efficiency against the t test, ``sqrt(3 / pi)``. The power is
-    :data:`DETECTION_POWER`, 50%: the gate's rule fails a shift only when its median moves past the tolerance *and*
-    the U test is clear, and a true shift of exactly the tolerance moves the median past it half the time however
-    quiet the run; the guard asks that the U test not be the weaker half of the rule. On a 2-core CPU the
-    per-round median engine step of the paired test spreads by 10-25% (on an idle machine as beside the other
-    worker: docs/calibration.md), which gives 4-11% with 30 rounds a side; lognormal samples of sigma 0.6 give
-    about 30%, and a check at 7.5% on them is no check.
+    it can see. The noise is the :func:`robust_log_spread` *s* of the pairs' ratios; the shift is the
+    normal-theory detectable mean of *n* log ratios, ``(z_(1-alpha) + z_power) * s / sqrt(n)``, over the
+    signed-rank test's asymptotic efficiency against the t test, ``sqrt(3 / pi)``. The power is
+    :data:`DETECTION_POWER`, 50%: the paired rule fails a shift only when the median ratio moves past the tolerance
+    *and* the test is clear, and a true shift of exactly the tolerance moves the median past it half the time
+    however quiet the run; the guard asks that the test not be the weaker half of the rule. On a 2-core CPU the
+    round pairs' ratios of the paired engine test spread by 5-25% (docs/calibration.md), which gives 1.5-8% with
+    30 pairs; lognormal samples of sigma 0.6 on both sides give about 25%, and a check at 7.5% on them is no check.
     """
-    m, n = len(baseline), len(candidate)
-    if m < 2 or n < 2:
-        raise ValueError("a detectable shift needs at least 2 samples a side")
-    s = math.sqrt(((m - 1) * robust_log_spread(baseline) ** 2 + (n - 1) * robust_log_spread(candidate) ** 2)
-                  / (m + n - 2))
+    if len(reference) != len(candidate) or len(reference) < 2:
+        raise ValueError("a detectable shift needs at least 2 pairs")
+    s = robust_log_spread([y / x for x, y in zip(reference, candidate, strict=True)])
     z = _normal_quantile(1 - alpha) + _normal_quantile(power)
-    return math.exp(z * s * math.sqrt(1 / m + 1 / n) / math.sqrt(3 / math.pi)) - 1
+    return math.exp(z * s / math.sqrt(len(reference)) / math.sqrt(3 / math.pi)) - 1

@@ -27,7 +27,7 @@ from typing import Any
 
 from vramgate.core.metrics import format_change, median
 from vramgate.core.records import record_fields
-from vramgate.core.stats import compare_samples
+from vramgate.core.stats import compare_pairs
 from vramgate.engine.runner import EngineError, engine_process_env, preload_folder
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
 from vramgate.runtime import preload as preloading
@@ -167,6 +167,11 @@ class EngineServer:
 
     def round(self, index: int, timeout_s: float) -> Round:
         """Run the workload once more; its latencies."""
+        self.ask(index)
+        return self.collect(index, timeout_s)
+
+    def ask(self, index: int) -> None:
+        """Start round *index* (:meth:`collect` waits for it)."""
         proc = self._started()
         assert proc.stdin is not None
         try:
@@ -174,6 +179,9 @@ class EngineServer:
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._fail("closed its input (it died)") from None
+
+    def collect(self, index: int, timeout_s: float) -> Round:
+        """Wait for round *index*, started by :meth:`ask`; its latencies."""
         path = self.control / f"round-{index}.json"
         return Round.from_json(self._wait_for(path, timeout_s), str(path))
 
@@ -221,8 +229,10 @@ class PairedEngines:
             raise
         self.next_index = 0
 
-    def run(self, rounds: int, *, seed: int = 0, warmup: int = 1, round_timeout_s: float = 300.0) -> PairedResult:
-        """*warmup* unrecorded round pairs, then *rounds* recorded pairs in a seeded random order within each."""
+    def run(self, rounds: int, *, seed: int = 0, warmup: int = 1, round_timeout_s: float = 300.0,
+            together: bool = False) -> PairedResult:
+        """*warmup* unrecorded round pairs, then *rounds* recorded pairs in a seeded random order within each;
+        *together*: both engines run each pair's rounds at the same time (Note [rounds together])."""
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         rng = random.Random(seed)
@@ -231,9 +241,14 @@ class PairedEngines:
         for i in range(warmup + rounds):
             order = "ab" if rng.random() < 0.5 else "ba"
             got = {}
+            indices = {side: self.next_index + k for k, side in enumerate(order)}
+            self.next_index += 2
+            if together:
+                for side in order:
+                    self.servers[side].ask(indices[side])
             for side in order:
-                got[side] = self.servers[side].round(self.next_index, round_timeout_s)
-                self.next_index += 1
+                got[side] = (self.servers[side].collect(indices[side], round_timeout_s) if together else
+                             self.servers[side].round(indices[side], round_timeout_s))
             if i >= warmup:
                 result.a.append(got["a"])
                 result.b.append(got["b"])
@@ -261,9 +276,10 @@ class PairedDefaults:
     stat: str
     """The per-round statistic whose ratio is gated (see :func:`round_stat`)."""
     tolerance: float
-    """Candidate worse than its reference in the same run by more than this (and a clear U test) fails."""
+    """Candidate worse than its reference in the same run by more than this (and a clear signed-rank test of the
+    round pairs' ratios: Note [paired comparison] in :mod:`vramgate.core.stats`) fails."""
     alpha: float
-    """Level of that U test."""
+    """Level of that test."""
     history_tolerance: float
     """The ratios moving by more than this against the stored baseline fail."""
 
@@ -291,7 +307,8 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     round pairs of fresh engines.
 
     Note [second look]: a paired check fails a candidate that is worse than its reference by more than the
-    tolerance with a U test clear at alpha (in-run), or whose ratios moved against the stored baseline (history).
+    tolerance with a signed-rank test of the pairs clear at alpha (in-run), or whose ratios moved against the
+    stored baseline (history).
     On two busy cores a stretch of load on one engine, or an engine process that is a few percent slower for its
     whole life, can push one look past either on an unchanged tree (ratio 1.082, p 0.043, on a 2-core EPYC beside
     the other xdist worker; two clean-clone runs' ratios 0.948 and 1.069). So a first look that fails, or that is
@@ -351,10 +368,10 @@ def look(name: str, ref: Sequence[float], cand: Sequence[float], *, tolerance: f
          ) -> tuple[str, bool]:
     """The in-run check of one look of a paired test (the test's own, :func:`~vramgate.core.checks.check_budget`'s
     rule): the line saying what it found, and whether the candidate is worse."""
-    r = compare_samples(ref, cand, better="lower", tolerance=tolerance, alpha=alpha)
-    return (f"{name}: {len(ref)} rounds, candidate median {r.candidate_median:.6g} vs reference "
-            f"{r.baseline_median:.6g} ({format_change(r.change)}; tolerance {tolerance:.1%}, one-sided "
-            f"p = {r.p_worse:.2g}): {'worse' if r.regressed else 'not worse'}"), r.regressed
+    r = compare_pairs(ref, cand, better="lower", tolerance=tolerance, alpha=alpha)
+    return (f"{name}: {len(ref)} rounds, median ratio {1 + r.change:.4g} ({format_change(r.change)}; candidate "
+            f"median {r.candidate_median:.6g} vs reference {r.baseline_median:.6g}; tolerance {tolerance:.1%}, "
+            f"signed-rank one-sided p = {r.p_worse:.2g}): {'worse' if r.regressed else 'not worse'}"), r.regressed
 
 
 def paired_defaults(tier: str) -> PairedDefaults:

@@ -151,8 +151,9 @@ class Gate:
 
         The metric's samples are the per-pair ratios candidate / reference and
         its value their median. It fails when the candidate is worse than the
-        reference by more than *tolerance* with a one-sided U test clear at
-        *alpha* (see :mod:`vramgate.core.stats`), and, against the stored baseline,
+        reference by more than *tolerance* with a one-sided signed-rank test of
+        the pairs clear at *alpha* (Note [paired comparison] in
+        :mod:`vramgate.core.stats`), and, against the stored baseline,
         when the ratios move by more than *history_tolerance* (default:
         *tolerance*). Samples too noisy for the in-run check to detect a shift of
         *tolerance* make it ``untrusted`` (Note [noise guard] in

@@ -137,7 +137,7 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
         with contextlib.ExitStack() as stack:
             if n:  # Note [second look]: fresh engines, the other workers waiting
                 got = stack.enter_context(quiet.quiet())
-                quiet_lines.append(f"{('first look', 'second look')[n]}, {got}")
+                quiet_lines.append(f"second look, {got}")
             engines = stack.enter_context(PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}",
                                                         cache_root=cache_root))
             return engines.run(settings.rounds, seed=n).stats(settings.stat)

@@ -130,7 +130,7 @@ def _busy_loop(root: Path, out: Path, stop: Path) -> subprocess.Popen[bytes]:
 
 
 def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None,
-        quiet_looks: bool = False) -> None:
+        quiet_looks: bool = False, together: bool = False) -> None:
     """Trials until *minutes* have passed (see the module's docstring), appended to ``out/trials.jsonl``."""
     import pytest
 
@@ -171,13 +171,13 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
                         got = stack.enter_context(quiet.quiet()) if quiet_looks else None
                         engines = stack.enter_context(PairedEngines(reference, candidate, root, run_dir,
                                                                     cache_root=out / "cache"))
-                        result = engines.run(n_rounds, seed=index)
+                        result = engines.run(n_rounds, seed=index, together=together)
                     ref, cand = result.stats(settings.stat)
                     line = {"profile": name, "condition": condition, "index": index, "ref": ref, "cand": cand,
                             "ref_steps": [r.steps_s for r in result.a], "cand_steps": [r.steps_s for r in result.b],
                             "busy": busy, "started": t0, "seconds": time.time() - t0, "isa": os.environ.get(
                                 "VRAMGATE_CPU_ISA", ""), "quiet": bool(got and got.quiet),
-                            "waited_s": got.waited_s if got else 0.0}
+                            "waited_s": got.waited_s if got else 0.0, "together": together}
                     with (out / "trials.jsonl").open("a", encoding="utf-8") as f:
                         f.write(json.dumps(line) + "\n")
                     print(f"trial {index}: {name} {condition}: {time.time() - t0:.1f} s", flush=True)
@@ -208,12 +208,12 @@ class Rules:
         ``noise`` (Note [noise guard]) and, against the stored ratios *base*, ``history``."""
         from vramgate.core.checks import check_baseline
         from vramgate.core.metrics import Metric, median
-        from vramgate.core.stats import compare_samples, detectable_shift
+        from vramgate.core.stats import compare_pairs, detectable_pair_shift
 
         out = []
-        if compare_samples(ref, cand, better="lower", tolerance=self.tolerance, alpha=self.alpha).regressed:
+        if compare_pairs(ref, cand, better="lower", tolerance=self.tolerance, alpha=self.alpha).regressed:
             out.append("in-run")
-        if detectable_shift(ref, cand, alpha=self.alpha) > self.tolerance:
+        if detectable_pair_shift(ref, cand, alpha=self.alpha) > self.tolerance:
             out.append("noise")
         if base:
             ratios = [c / r for r, c in zip(ref, cand, strict=True)]
@@ -235,7 +235,7 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
     """One profile's trials of one condition under *rules*: how often a first look fails (and which checks), and
     how often the test fails (Note [second look]: a first look that fails, then the pooled rounds of it and of a
     second look, here each other trial in turn: fresh engines, as the gate takes it)."""
-    from vramgate.core.stats import detectable_shift
+    from vramgate.core.stats import detectable_pair_shift
 
     first = [rules.fails(t.ref, t.cand, base) for t in group]
     verdicts = []
@@ -253,7 +253,7 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
         "trials": len(group),
         "ratio_range": [min(ratios), max(ratios)],
         "between_trials_sd": math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1)),
-        "detectable_shift_max": max(detectable_shift(t.ref, t.cand, alpha=rules.alpha) for t in group),
+        "detectable_shift_max": max(detectable_pair_shift(t.ref, t.cand, alpha=rules.alpha) for t in group),
         "first_look_fails": sum(1 for f in first if f),
         "first_look_by_check": {c: sum(1 for f in first if c in f) for c in ("in-run", "noise", "history")},
         "fails": sum(verdicts),
@@ -306,10 +306,10 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
 
 @dataclass(frozen=True)
 class NoiseModel:
-    """A profile's paired rounds as the trials show them: each side's per-round log step is its process's offset
-    plus noise. *effect*: the profile's true log ratio; *between*: the SD of a process pair's log ratio offset
-    (Note [second look]: an engine process is a few percent faster or slower for its whole life); *spreads*: the
-    per-round log spreads the trials had (a look draws one)."""
+    """A profile's paired rounds as the trials show them: each round pair's log ratio is the profile's true log
+    ratio (*effect*), plus its engine pair's offset (SD *between*: an engine process is a little faster or slower
+    for its whole life), plus the pair's noise (SD one of *spreads*, the ratio spreads the trials had: a look
+    draws one)."""
 
     effect: float
     between: float
@@ -317,21 +317,23 @@ class NoiseModel:
 
     @classmethod
     def fit(cls, group: Sequence[TrialData]) -> NoiseModel:
-        """The model of one profile's unchanged trials."""
+        """The model of one profile's unchanged trials: *between* is what the trials' median log ratios spread by
+        beyond the noise of a median of their own rounds (about pi/2 s^2/n)."""
         from vramgate.core.stats import robust_log_spread
 
         logs = [math.log(_ratio(t)) for t in group]
+        spreads = tuple(robust_log_spread([c / r for r, c in zip(t.ref, t.cand, strict=True)]) for t in group)
         mean = sum(logs) / len(logs)
-        between = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
-        return cls(mean, between, tuple(robust_log_spread(t.ref) for t in group) +
-                   tuple(robust_log_spread(t.cand) for t in group))
+        total = sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1)
+        own = sum(math.pi / 2 * s**2 / len(t.ref) for s, t in zip(spreads, group, strict=True)) / len(group)
+        return cls(mean, math.sqrt(max(0.0, total - own)), spreads)
 
     def look(self, rng: Any, rounds: int, shift: float = 0.0) -> tuple[list[float], list[float]]:
         """One look's rounds from fresh engines, the candidate *shift* slower."""
         s = rng.choice(self.spreads)
         offset = rng.gauss(0.0, self.between)
-        ref = [0.005 * math.exp(rng.gauss(0.0, s)) for _ in range(rounds)]
-        cand = [0.005 * math.exp(self.effect + offset + math.log1p(shift) + rng.gauss(0.0, s)) for _ in range(rounds)]
+        ref = [0.005 * math.exp(rng.gauss(0.0, 0.1)) for _ in range(rounds)]
+        cand = [r * math.exp(self.effect + offset + math.log1p(shift) + rng.gauss(0.0, s)) for r in ref]
         return ref, cand
 
 
@@ -411,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--idle", action="store_true", help="no other worker")
     r.add_argument("--rounds", type=int)
     r.add_argument("--quiet", action="store_true", help="every trial in a quiet section")
+    r.add_argument("--together", action="store_true", help="both engines run each pair's rounds at once")
     z = sub.add_parser("analyze")
     z.add_argument("folders", type=Path, nargs="+")
     z.add_argument("--key", default="", help="the baseline key whose stored ratios the history check uses")
@@ -423,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path.cwd()
     if args.command == "run":
         run(root, args.out, args.minutes, [p for p in args.profiles.split(",") if p], not args.idle, args.rounds,
-            args.quiet)
+            args.quiet, args.together)
         return 0
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
