@@ -140,7 +140,7 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
                 quiet_lines.append(f"second look, {got}")
             engines = stack.enter_context(PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}",
                                                         cache_root=cache_root))
-            return engines.run(settings.rounds, seed=n).stats(settings.stat)
+            return engines.run(settings.rounds, seed=n, together=settings.together).stats(settings.stat)
 
     def also(_: str, ref: Sequence[float], cand: Sequence[float]) -> list[tuple[str, bool]]:
         return gate.paired_checks(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha,

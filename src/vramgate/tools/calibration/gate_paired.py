@@ -130,7 +130,7 @@ def _busy_loop(root: Path, out: Path, stop: Path) -> subprocess.Popen[bytes]:
 
 
 def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None,
-        quiet_looks: bool = False, together: bool = False) -> None:
+        quiet_looks: bool = False, together: bool | None = None) -> None:
     """Trials until *minutes* have passed (see the module's docstring), appended to ``out/trials.jsonl``."""
     import pytest
 
@@ -142,6 +142,7 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
 
     settings = paired_defaults(engine_tier())
     n_rounds = rounds or settings.rounds
+    together = settings.together if together is None else together
     out.mkdir(parents=True, exist_ok=True)
     stop = out / "stop"
     stop.unlink(missing_ok=True)
@@ -413,7 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--idle", action="store_true", help="no other worker")
     r.add_argument("--rounds", type=int)
     r.add_argument("--quiet", action="store_true", help="every trial in a quiet section")
-    r.add_argument("--together", action="store_true", help="both engines run each pair's rounds at once")
+    r.add_argument("--together", action=argparse.BooleanOptionalAction, default=None,
+                   help="both engines run each pair's rounds at once (default: the tier's setting)")
     z = sub.add_parser("analyze")
     z.add_argument("folders", type=Path, nargs="+")
     z.add_argument("--key", default="", help="the baseline key whose stored ratios the history check uses")
