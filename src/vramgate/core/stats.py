@@ -205,7 +205,7 @@ def signed_rank_greater(differences: Sequence[float]) -> float:
     w = sum(r for r, x in zip(ranks, ordered, strict=True) if x > 0)
     if tie_term == 0 and n <= _EXACT_LIMIT:
         counts = _signed_rank_counts(n)
-        return sum(counts[round(w):]) / 2**n
+        return float(sum(counts[round(w):])) / float(2**n)
     mean = n * (n + 1) / 4.0
     var = n * (n + 1) * (2 * n + 1) / 24.0 - tie_term / 48.0
     if var <= 0:
