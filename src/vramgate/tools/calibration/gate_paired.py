@@ -203,6 +203,15 @@ class Rules:
     tolerance: float
     alpha: float
     history_tolerance: float
+    second: str = "both"
+    """How a second look decides (Note [second look]): ``pooled`` (the pooled rounds fail), ``alone`` (the second
+    look's own rounds fail) or ``both`` (both: the gate's rule)."""
+
+    def confirms(self, first: TrialData, second: TrialData, base: Sequence[float] | None) -> bool:
+        """Whether a second look *second* after a failing first look *first* fails the test."""
+        pooled = bool(self.fails(first.ref + second.ref, first.cand + second.cand, base))
+        alone = bool(self.fails(second.ref, second.cand, base))
+        return {"pooled": pooled, "alone": alone, "both": pooled and alone}[self.second]
 
     def fails(self, ref: Sequence[float], cand: Sequence[float], base: Sequence[float] | None) -> list[str]:
         """Which checks a look with these rounds fails, as the end of the test judges them: ``in-run``,
@@ -245,7 +254,7 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
             verdicts.append(0.0)
             continue
         others = [u for j, u in enumerate(group) if j != i]
-        pooled = [bool(rules.fails(t.ref + u.ref, t.cand + u.cand, base)) for u in others]
+        pooled = [rules.confirms(t, u, base) for u in others]
         verdicts.append(sum(pooled) / len(pooled) if pooled else 1.0)
     ratios = [_ratio(t) for t in group]
     logs = [math.log(r) for r in ratios]
@@ -355,7 +364,8 @@ def simulate(model: NoiseModel, rules: Rules, *, rounds: int = 30, shift: float 
         if not rules.fails(ref, cand, base):
             continue
         ref2, cand2 = model.look(rng, rounds, shift)
-        fails += bool(rules.fails(ref + ref2, cand + cand2, base))
+        first, second = (TrialData("", "", 0, ref, cand, True), TrialData("", "", 1, ref2, cand2, True))
+        fails += rules.confirms(first, second, base)
     return fails / runs
 
 
