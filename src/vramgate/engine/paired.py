@@ -165,11 +165,6 @@ class EngineServer:
         self.versions = {str(k): str(v) for k, v in dict(ready.get("versions") or {}).items()}
         return float(ready["init_s"])
 
-    def round(self, index: int, timeout_s: float) -> Round:
-        """Run the workload once more; its latencies."""
-        self.ask(index)
-        return self.collect(index, timeout_s)
-
     def ask(self, index: int) -> None:
         """Start round *index* (:meth:`collect` waits for it)."""
         proc = self._started()
@@ -250,12 +245,12 @@ class PairedEngines:
             got = {}
             indices = {side: self.next_index + k for k, side in enumerate(order)}
             self.next_index += 2
-            if together:
-                for side in order:
-                    self.servers[side].ask(indices[side])
-            for side in order:
-                got[side] = (self.servers[side].collect(indices[side], round_timeout_s) if together else
-                             self.servers[side].round(indices[side], round_timeout_s))
+            for side in order:  # together: every round is asked for before any is collected
+                self.servers[side].ask(indices[side])
+                if not together:
+                    got[side] = self.servers[side].collect(indices[side], round_timeout_s)
+            for side in order if together else ():
+                got[side] = self.servers[side].collect(indices[side], round_timeout_s)
             if i >= warmup:
                 result.a.append(got["a"])
                 result.b.append(got["b"])

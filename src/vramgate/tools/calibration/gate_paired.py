@@ -14,6 +14,9 @@ guard, the ratio against a stored baseline and against the campaign's other tria
 Note [second look] in :mod:`vramgate.engine.paired`, taken from another trial: a fresh pair of engines, as the
 gate takes it) and counts false alarms per gate run (any profile's test failing on an unchanged tree) and
 detections per profile, with exact (Clopper-Pearson) 95% bounds.
+
+Longer than 400 lines: the campaign, the rules it applies and the noise model that extrapolates them are one
+measurement, kept in one place so that the figures in docs/calibration.md come from one module.
 """
 
 from __future__ import annotations
