@@ -2,8 +2,8 @@
 
 TTFT, TPOT and end-to-end latency come from vLLM's own request stats; each
 request is one sample. On the CPU tier the engine runs one OpenMP thread on a
-shared machine, so these gate only gross regressions (tolerance 100%: a
-doubling fails; TTFT, one measurement for requests that arrive together, 300%); on a GPU box 30% (calibrated on
+shared machine beside the other xdist worker, so these gate only gross
+regressions (tolerance 300%: a fourfold latency fails; docs/calibration.md); on a GPU box 30% (calibrated on
 an H200 for kernels). The models (and each one's block size) are the
 matrix's (``vramgate.toml``).
 """
