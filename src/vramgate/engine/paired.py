@@ -288,12 +288,10 @@ class PairedDefaults:
     """Both engines run each pair's rounds at the same time (Note [rounds together])."""
 
 
-#: CPU (2 cores): one engine pair at a time on an idle machine, the in-run check at 7.5% / alpha 0.05 raised 0 false
-#: alarms in 19 unchanged trials and caught the planted +10% in 18 of 19; against a stored baseline at 10%, 0 of 314.
-#: Beside the other xdist worker (the per-gate-run campaign, docs/calibration.md), with the rounds together, the
-#: pairs compared pair by pair and a second look that must fail on its own: 0.55 of 36 unchanged tests failed
-#: (4.5% per gate run of three), 49-80% of the planted +10% per profile; the 1% / 95% targets are out of reach of
-#: one engine pair per look on this host (docs/calibration.md says why and what the tolerances trade).
+#: CPU (2 cores): idle, one pair at a time, 0 false alarms in 19 unchanged trials, +10% caught in 18 of 19. Beside the
+#: other xdist worker (docs/calibration.md, per gate run), rounds together, pairs compared pair by pair, a second
+#: look failing on its own: 0.55 of 36 unchanged tests failed (4.5% per gate run), 49-80% of a planted +10% per
+#: profile; the 1% / 95% targets are out of reach of one engine pair per look on this host (the doc says why).
 #: GPU: from the kernel campaign on an H200 (interleaved calls): 5% gave 0 false alarms in 22,400 history and
 #: 160 in-run comparisons and caught +10% in all. Engine pairs on a GPU are not measured yet.
 PAIRED_DEFAULTS = {
