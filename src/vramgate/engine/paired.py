@@ -229,12 +229,11 @@ class PairedEngines:
         """*warmup* unrecorded round pairs, then *rounds* recorded pairs in a seeded random order within each;
         *together*: both engines run each pair's rounds at the same time.
 
-        Note [rounds together]: on a 2-core CPU a round's engine step moves by 10-25% from one round to the next,
-        on an idle machine as beside the other xdist worker: the host's noise, not the gate's. Two rounds taken
-        one after the other share little of it; two rounds taken at the same time, one engine per core, share
-        more: the round pairs' ratios spread by 9-16% (one of 10 trials 25%) against 8-31% one after the other
-        (docs/calibration.md), and a pair takes the time of one round, not two. The order within the pair still
-        decides which engine is asked first."""
+        Note [rounds together]: on a 2-core CPU, one engine per core, a round pair then takes the time of one
+        round, not two: a trial of the paired test took 32 s instead of 45 s beside the other xdist worker. The
+        pairs' ratios spread as much as one after the other (robust log SD median 16% over 69 trials together, 16%
+        over 20 trials one after the other, docs/calibration.md): the host's noise, which neither way cancels. The
+        order within the pair still decides which engine is asked first."""
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         rng = random.Random(seed)
@@ -322,7 +321,7 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     (:mod:`vramgate.runtime.quiet`: the other workers finish the test they run and wait). The test fails only
     when the second look fails on its own *and* the pooled rounds of both fail, at the same tolerance and alpha:
     its rounds are the verdict when it passes, the pooled rounds when it fails. Pooling alone is not enough: an
-    engine pair that ran 16% slow for its whole life (seen once in 21 unchanged trials here) drags the pooled
+    engine pair that ran 16% slow for its whole life (seen once in 36 unchanged trials here) drags the pooled
     median past the tolerance with any second look; two fresh engine pairs that are both that slow by chance are
     rarer by the square. A false alarm needs three failing judgements, so no level is spent twice: its rate is at
     most the product of the two looks' rates. A real regression is in every engine pair. A first look that

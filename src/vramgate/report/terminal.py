@@ -61,7 +61,8 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
             )
         if m.paired is not None:  # Note [second look] in vramgate.engine.paired: what each look found
             lines += [f"    {line}" for line in m.paired.looks]
-            lines.append(f"    {paired_noise(m.paired)[1]}")
+            if not any("noise:" in line for line in m.paired.looks):
+                lines.append(f"    {paired_noise(m.paired)[1]}")
     recorded = next((c for c in failed if c.finding.provenance), None)
     if recorded is not None and recorded.finding.provenance is not None:
         lines.append(f"Baseline: {recorded.file or '?'}, {recorded.finding.provenance.describe()}")

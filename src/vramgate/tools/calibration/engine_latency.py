@@ -19,9 +19,9 @@ measured (``calibration.json``, ``calibration.md``):
   baseline), every trial of the unchanged pairs is compared with every trial
   of *other* unchanged pairs (false alarms) and of the delayed pairs
   (detections), with the gate's own :func:`~vramgate.core.stats.compare_samples` at
-  each candidate tolerance and level; within a trial the candidate's round
-  statistics are also compared with the reference's (an A/B check without a
-  baseline).
+  each candidate tolerance and level; within a trial the candidate's rounds
+  are also compared with the reference's pair by pair, by the paired test's
+  own in-run rule (:func:`~vramgate.core.stats.compare_pairs`).
 
 The analysis is pure (:func:`analyze`) so that the figures can be recomputed
 from a saved ``calibration.json`` (``--from``) for other tolerances.
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramgate.core.stats import compare_samples
+from vramgate.core.stats import compare_pairs, compare_samples
 
 #: Conditions of the measured part: the candidate's planted delay per engine step.
 DELAYS = {"unchanged": 0.0, "delay-5%": 0.05, "delay-10%": 0.10}
@@ -146,6 +146,9 @@ def analyze(trials: Sequence[Trial], tolerance: float, alpha: float) -> Figures:
     def regressed(baseline: Sequence[float], candidate: Sequence[float]) -> bool:
         return compare_samples(baseline, candidate, better="lower", tolerance=tolerance, alpha=alpha).regressed
 
+    def in_run(reference: Sequence[float], candidate: Sequence[float]) -> bool:  # the paired test's own rule
+        return compare_pairs(reference, candidate, better="lower", tolerance=tolerance, alpha=alpha).regressed
+
     same = [t for t in trials if t.condition == "unchanged"]
     fa, raw_fa = Rate(0, 0), Rate(0, 0)
     for base in same:
@@ -162,7 +165,7 @@ def analyze(trials: Sequence[Trial], tolerance: float, alpha: float) -> Figures:
         hist, ab, raw = Rate(0, 0), Rate(0, 0), Rate(0, 0)
         for cand in (t for t in trials if t.condition == condition):
             ab.trials += 1
-            ab.hits += regressed(cand.a, cand.b)
+            ab.hits += in_run(cand.a, cand.b)
             for base in same:
                 hist.trials += 1
                 hist.hits += regressed(base.ratios, cand.ratios)
@@ -171,7 +174,7 @@ def analyze(trials: Sequence[Trial], tolerance: float, alpha: float) -> Figures:
                     raw.hits += regressed(base.a, cand.b)
         detection[condition], ab_detection[condition], raw_detection[condition] = hist, ab, raw
     ab_fa = Rate(len(same), 0)
-    ab_fa.trials, ab_fa.hits = len(same), sum(regressed(t.a, t.b) for t in same)
+    ab_fa.trials, ab_fa.hits = len(same), sum(in_run(t.a, t.b) for t in same)
     return Figures(tolerance, alpha, fa, detection, ab_fa, ab_detection, raw_fa, raw_detection)
 
 

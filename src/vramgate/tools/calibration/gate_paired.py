@@ -27,7 +27,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -114,22 +113,27 @@ def load_trials(paths: Sequence[Path]) -> list[TrialData]:
 # -- running -------------------------------------------------------------------------------------------------
 
 
-def _busy_loop(root: Path, out: Path, stop: Path) -> subprocess.Popen[bytes]:
-    """The other worker: the rest of the pre-merge gate (without the paired latency tests), run after run."""
+def _busy_loop(root: Path, out: Path, stop: Path) -> Any:
+    """The other worker: the rest of the pre-merge gate (without the paired latency tests), run after run, in its
+    own process group (:func:`vramgate.runtime.process.launch`; ``busy.log`` says how each run ended)."""
+    from vramgate.runtime import process
+
     script = (
         "import pathlib, subprocess, sys\n"
-        f"stop = pathlib.Path({str(stop)!r})\n"
+        f"stop, out = pathlib.Path({str(stop)!r}), pathlib.Path({str(out)!r})\n"
         "n = 0\n"
         "while not stop.exists():\n"
-        "    subprocess.call([sys.executable, '-m', 'pytest', 'suites', '-m', 'not gate_nightly', '-p', 'no:xdist',\n"
-        "                     '-p', 'no:cacheprovider', '-q', '--deselect', 'suites/latency/test_paired_latency.py',\n"
-        f"                     '--gate-report', {str(out)!r} + f'/busy-report-{{n}}',\n"
-        f"                     '--basetemp', {str(out)!r} + f'/busy-tmp-{{n}}'],\n"
-        f"                    cwd={str(root)!r}, stdout=open({str(out)!r} + f'/busy-{{n}}.log', 'wb'),\n"
-        "                    stderr=subprocess.STDOUT)\n"
+        "    with open(out / f'busy-{n}.log', 'wb') as log:\n"
+        "        rc = subprocess.call([sys.executable, '-m', 'pytest', 'suites', '-m', 'not gate_nightly',\n"
+        "                              '-p', 'no:xdist', '-p', 'no:cacheprovider', '-q',\n"
+        "                              '--deselect', 'suites/latency/test_paired_latency.py',\n"
+        "                              '--gate-report', str(out / f'busy-report-{n}'),\n"
+        "                              '--basetemp', str(out / f'busy-tmp-{n}')],\n"
+        "                             stdout=log, stderr=subprocess.STDOUT)\n"
+        "    print(f'run {n}: exit {rc}', flush=True)\n"
         "    n += 1\n"
     )
-    return subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    return process.launch([sys.executable, "-c", script], out / "busy.log", env=dict(os.environ), cwd=root)
 
 
 def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None,
@@ -197,7 +201,7 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
         if other is not None:
             from vramgate.runtime import process
 
-            process.kill_group(other)  # type: ignore[arg-type]
+            process.kill_group(other)
 
 
 # -- analysis ------------------------------------------------------------------------------------------------
