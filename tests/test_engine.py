@@ -176,10 +176,10 @@ def test_a_failing_first_look_is_confirmed_by_a_second(shifts: tuple[float, ...]
     fake = _FakeLooks(*shifts)
     ref, cand, lines = confirmed_rounds(fake.take, settings)
     assert fake.calls == list(range(len(shifts))) and len(ref) == len(cand) == rounds
-    assert lines[0].startswith("first look: 30 rounds, median ratio") and ("worse" in lines[0])
+    assert lines[0].startswith("first look: 30 pairs, median ratio") and ("worse" in lines[0])
     if len(shifts) > 1:
-        assert lines[1].startswith("second look: 30 rounds") and len(lines) == 3
-        assert lines[2].startswith("pooled (the verdict): 60 rounds" if worse else "the verdict: the second look")
+        assert lines[1].startswith("second look: 30 pairs") and len(lines) == 3
+        assert lines[2].startswith("pooled (the verdict): 60 pairs" if worse else "the verdict: the second look")
     verdict = compare_pairs(ref, cand, better="lower", tolerance=settings.tolerance, alpha=settings.alpha)
     assert verdict.regressed is worse
 

@@ -191,7 +191,7 @@ class Paired:
     tolerance: float
     alpha: float = 0.01
     looks: tuple[str, ...] = ()
-    """What each look of the measurement found (Note [second look] in :mod:`vramgate.engine.paired`), as lines a
+    """What each look of the measurement found (Note [second look] in :mod:`vramgate.engine.looks`), as lines a
     failing test's message shows; empty when the samples are one look."""
 
 

@@ -5,11 +5,11 @@ which may split or move.
 """
 
 from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
+from vramgate.engine.looks import confirmed_rounds
 from vramgate.engine.measure import fusion_problem
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.paired import (
     PairedEngines,
-    confirmed_rounds,
     latency_spec,
     paired_defaults,
 )

@@ -1,16 +1,13 @@
 """Paired A/B latency: a reference and a candidate engine, rounds interleaved.
 
-Note [paired latency]: on a shared CPU (and, less so, on a GPU box) the speed
-of the machine drifts by more than the regressions worth catching: comparing
-today's latency with a stored one mixes the two. Two engines that are up at the
-same time and take turns on the same workload see the same machine state, so
-the *ratio* candidate / reference cancels the drift. :class:`PairedEngines`
-starts both (each a ``vramgate.engine.worker --serve`` subprocess, see Note
-[paired rounds] there), runs ``rounds`` round pairs in a seeded random order
-within each pair (reference first or candidate first), and returns per-round
-statistics of both sides. The gate then records per-round ratios as a measured
-metric (see :func:`round_ratios`) whose samples compare with a stored baseline
-and with a ceiling. ``vramgate calibrate`` measures how precise that is.
+Note [paired latency]: on a shared CPU (and, less so, on a GPU box) the speed of the machine drifts by more than the
+regressions worth catching: comparing today's latency with a stored one mixes the two. Two engines that are up at the
+same time and take turns on the same workload see the same machine state, so the *ratio* candidate / reference cancels
+the drift. :class:`PairedEngines` starts both (each a ``vramgate.engine.worker --serve`` subprocess, see Note [paired
+rounds] there), runs ``rounds`` round pairs in a seeded random order within each pair (reference first or candidate
+first), and returns per-round statistics of both sides. The gate then records per-round ratios as a measured metric
+(see :func:`round_ratios`) whose samples compare with a stored baseline and with a ceiling. ``vramgate calibrate``
+measures how precise that is.
 """
 
 from __future__ import annotations
@@ -20,22 +17,24 @@ import json
 import random
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramgate.core.metrics import format_change, median
+from vramgate.core.metrics import median
 from vramgate.core.records import record_fields
-from vramgate.core.stats import compare_pairs
+from vramgate.core.stats import floor_sums
 from vramgate.engine.runner import EngineError, engine_process_env, preload_folder
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
 from vramgate.runtime import preload as preloading
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
 
-#: Per-round statistics a round yields (see :func:`round_stat`).
-STATISTICS = ("tpot", "ttft", "e2e", "step", "wall")
+#: Per-round statistics a round yields (see :func:`round_stat`), and one of several rounds.
+STATISTICS = ("tpot", "ttft", "e2e", "step", "wall", "step_floor")  # the last: Note [step floor]
+#: Round pairs per value of the ``step_floor`` statistic (Note [step floor]).
+FLOOR_GROUP = 5
 
 
 @dataclass
@@ -84,7 +83,19 @@ class PairedResult:
     """The versions (python, vllm, torch) each side's engine reported, by side (``a``, ``b``)."""
 
     def stats(self, stat: str) -> tuple[list[float], list[float]]:
-        """The per-round *stat* (see :func:`round_stat`) of the reference rounds and of the candidate rounds."""
+        """The per-round *stat* (see :func:`round_stat`) of the reference rounds and of the candidate rounds; for
+        ``step_floor``, a value per :data:`FLOOR_GROUP` round pairs.
+
+        Note [step floor]: an engine runs the same steps in the same order every round (the offline scheduler
+        does not depend on time), and a step's duration is its work plus what the machine took from it meanwhile:
+        on a 2-core CPU single steps ran 2-4x their usual time now and then. ``step_floor`` is, per 5 rounds, the
+        sum over the steps of each step's shortest duration in them (:func:`~vramgate.core.stats.floor_sums`):
+        the workload's engine time with the least taken. It saw a planted +10% with 1.4-2x the signal to noise of
+        the median step of single rounds on the block-manager profiles and as much on kv-fp8 (40 trials beside the
+        other xdist worker, docs/calibration.md). The two sides' values of the same rounds form a pair."""
+        if stat == "step_floor":
+            return floor_sums([r.steps_s for r in self.a], FLOOR_GROUP), floor_sums([r.steps_s for r in self.b],
+                                                                                   FLOOR_GROUP)
         return [round_stat(r, stat) for r in self.a], [round_stat(r, stat) for r in self.b]
 
     def ratios(self, stat: str) -> list[float]:
@@ -286,6 +297,11 @@ class PairedDefaults:
     together: bool = False
     """Both engines run each pair's rounds at the same time (Note [rounds together])."""
 
+    @property
+    def samples(self) -> int:
+        """The pairs of samples a look gives: a round pair each, or one per :data:`FLOOR_GROUP` (Note [step floor])."""
+        return self.rounds // FLOOR_GROUP if self.stat == "step_floor" else self.rounds
+
 
 #: CPU (2 cores): idle, one pair at a time, 0 false alarms in 19 unchanged trials, +10% caught in 18 of 19. Beside the
 #: other xdist worker (docs/calibration.md, per gate run), rounds together, pairs compared pair by pair, a second
@@ -294,95 +310,10 @@ class PairedDefaults:
 #: GPU: from the kernel campaign on an H200 (interleaved calls): 5% gave 0 false alarms in 22,400 history and
 #: 160 in-run comparisons and caught +10% in all. Engine pairs on a GPU are not measured yet.
 PAIRED_DEFAULTS = {
-    "cpu": PairedDefaults(rounds=30, stat="step", tolerance=0.075, alpha=0.05, history_tolerance=0.10, together=True),
+    "cpu": PairedDefaults(rounds=30, stat="step_floor", tolerance=0.075, alpha=0.05, history_tolerance=0.10,
+                          together=True),
     "gpu": PairedDefaults(rounds=30, stat="step", tolerance=0.05, alpha=0.01, history_tolerance=0.05),
 }
-
-
-#: A look's further checks of one statistic (the noise guard, the stored baseline: ``Gate.paired_checks``):
-#: ``also(statistic, reference samples, candidate samples)`` gives a line per check and whether it fails.
-Also = Callable[[str, Sequence[float], Sequence[float]], Sequence[tuple[str, bool]]]
-
-
-def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], settings: PairedDefaults, *,
-                     also: Also | None = None) -> tuple[list[float], list[float], list[str]]:
-    """The reference's and the candidate's per-round statistic, with a second look when the first fails, and a
-    line per look saying what it found. ``take(n)`` takes look *n* (0, then 1): :attr:`PairedDefaults.rounds`
-    round pairs of fresh engines.
-
-    Note [second look]: a paired check fails a candidate that is worse than its reference by more than the
-    tolerance with a signed-rank test of the pairs clear at alpha (in-run), or whose ratios moved against the
-    stored baseline (history).
-    On two busy cores a stretch of load on one engine, or an engine process that is a few percent slower for its
-    whole life, can push one look past either on an unchanged tree (ratio 1.082, p 0.043, on a 2-core EPYC beside
-    the other xdist worker; two clean-clone runs' ratios 0.948 and 1.069). So a first look that fails, or that is
-    too noisy to judge (Note [noise guard] in :mod:`vramgate.core.stats`), is not the verdict: the test takes a
-    second look with *fresh* engines (a new draw of each process's speed), in a quiet section
-    (:mod:`vramgate.runtime.quiet`: the other workers finish the test they run and wait). The test fails only
-    when the second look fails on its own *and* the pooled rounds of both fail, at the same tolerance and alpha:
-    its rounds are the verdict when it passes, the pooled rounds when it fails. Pooling alone is not enough: an
-    engine pair that ran 16% slow for its whole life (seen once in 36 unchanged trials here) drags the pooled
-    median past the tolerance with any second look; two fresh engine pairs that are both that slow by chance are
-    rarer by the square. A false alarm needs three failing judgements, so no level is spent twice: its rate is at
-    most the product of the two looks' rates. A real regression is in every engine pair. A first look that
-    passes is the verdict: the second look costs time only on a failure.
-    """
-    stat = settings.stat
-    lines, ref, cand = looks_until_verdict(lambda n: {stat: take(n)}, {stat: settings.tolerance}, settings.alpha,
-                                           also=also)
-    return ref[stat], cand[stat], lines
-
-
-def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float], Sequence[float]]]],
-                        tolerances: Mapping[str, float], alpha: float, *, also: Also | None = None
-                        ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
-    """Note [second look] for any paired measurement: ``run(n)`` takes look *n* (0, then 1) and gives, per
-    statistic, the reference's and the candidate's samples; each statistic is judged in-run at its tolerance
-    (:func:`look`) and by *also*. A first look where no check fails is the verdict; otherwise a second look is
-    taken: where it passes, its samples are the verdict (they pass); where it fails too, the pooled samples of
-    both are (they fail where the pooled evidence still says so). The lines say what each look found; the
-    verdict's samples come back."""
-    ref: dict[str, list[float]] = {k: [] for k in tolerances}
-    cand: dict[str, list[float]] = {k: [] for k in tolerances}
-    lines: list[str] = []
-
-    def label(name: str, key: str) -> str:
-        return name if len(tolerances) == 1 else f"{name}, {key}"
-
-    def judge(name: str, key: str, r: Sequence[float], c: Sequence[float]) -> bool:
-        line, bad = look(label(name, key), r, c, tolerance=tolerances[key], alpha=alpha)
-        lines.append(line)
-        for more, failing in (also(key, r, c) if also else ()):
-            lines.append(f"{label(name, key)}, {more}")
-            bad = bad or failing
-        return bad
-
-    looks: list[dict[str, tuple[Sequence[float], Sequence[float]]]] = []
-    for n, name in enumerate(("first look", "second look")):
-        looks.append(dict(run(n)))
-        worse = False
-        for key in tolerances:
-            r, c = looks[n][key]
-            worse = judge(name, key, r, c) or worse
-        if not worse:  # the first look passed, or the second did and clears it
-            if n:
-                lines.append("the verdict: the second look (fresh engines) passed; its rounds are the verdict")
-            return lines, {k: list(looks[n][k][0]) for k in tolerances}, {k: list(looks[n][k][1]) for k in tolerances}
-    for key in tolerances:
-        ref[key] = [*looks[0][key][0], *looks[1][key][0]]
-        cand[key] = [*looks[0][key][1], *looks[1][key][1]]
-        judge("pooled (the verdict)", key, ref[key], cand[key])
-    return lines, ref, cand
-
-
-def look(name: str, ref: Sequence[float], cand: Sequence[float], *, tolerance: float, alpha: float
-         ) -> tuple[str, bool]:
-    """The in-run check of one look of a paired test (the test's own, :func:`~vramgate.core.checks.check_budget`'s
-    rule): the line saying what it found, and whether the candidate is worse."""
-    r = compare_pairs(ref, cand, better="lower", tolerance=tolerance, alpha=alpha)
-    return (f"{name}: {len(ref)} rounds, median ratio {1 + r.change:.4g} ({format_change(r.change)}; candidate "
-            f"median {r.candidate_median:.6g} vs reference {r.baseline_median:.6g}; tolerance {tolerance:.1%}, "
-            f"signed-rank one-sided p = {r.p_worse:.2g}): {'worse' if r.regressed else 'not worse'}"), r.regressed
 
 
 def paired_defaults(tier: str) -> PairedDefaults:

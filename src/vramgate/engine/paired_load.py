@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vramgate.engine.load import Load, LoadResult, run_plan
-from vramgate.engine.paired import Also, looks_until_verdict
+from vramgate.engine.looks import Also, looks_until_verdict
 from vramgate.engine.server import ApiServer
 
 
@@ -69,7 +69,7 @@ class PairedLoadSettings:
     def judge(self, run: Callable[[int, int], PairedBursts], *, also: Also | None = None
               ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
         """Run a look (``run(rounds, seed)``), and a second one when the first finds a latency worse or *also*
-        (the noise guard, the stored baseline) fails (Note [second look] in :mod:`vramgate.engine.paired`: the
+        (the noise guard, the stored baseline) fails (Note [second look] in :mod:`vramgate.engine.looks`: the
         verdict is then the pooled rounds'); the lines saying what each look found, and the reference's and
         candidate's per-burst medians by latency."""
         def one_look(n: int) -> dict[str, tuple[list[float], list[float]]]:

@@ -299,7 +299,7 @@ class GateSession:
     def preview(self, recorder: Gate, metric: Metric) -> Finding:
         """What the end of the test would find of *metric* now, against the stored baseline, recording nothing:
         how a test takes a second look before the history check fails it (Note [second look] in
-        :mod:`vramgate.engine.paired`). Under ``--gate-update`` nothing is compared: the run records."""
+        :mod:`vramgate.engine.looks`). Under ``--gate-update`` nothing is compared: the run records."""
         if self.update:
             return Finding(metric, "not compared", detail="--gate-update records this run's figures")
         entries = {scope: self._entry(self.key_for(scope, recorder.gpus), recorder.suite, recorder.nodeid)

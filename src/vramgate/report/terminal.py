@@ -59,7 +59,7 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                 f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
                 f"{change}, {f.verdict} ({f.detail})"
             )
-        if m.paired is not None:  # Note [second look] in vramgate.engine.paired: what each look found
+        if m.paired is not None:  # Note [second look] in vramgate.engine.looks: what each look found
             lines += [f"    {line}" for line in m.paired.looks]
             if not any("noise:" in line for line in m.paired.looks):
                 lines.append(f"    {paired_noise(m.paired)[1]}")

@@ -5,7 +5,7 @@ taken while the other worker starts an engine or runs a simulation carries that 
 session runs holding a *shared* lock on one file the session's workers share (``fcntl.flock``, taken by the
 plugin around each test); a measurement that needs quiet takes it *exclusively*: it waits until the other
 workers have finished the test each is running (their shared locks go), and their next tests wait until it is
-done. Only a second look takes one (Note [second look] in :mod:`vramgate.engine.paired`), so quiet costs time
+done. Only a second look takes one (Note [second look] in :mod:`vramgate.engine.looks`), so quiet costs time
 only when a timing check has failed once: at most the other worker's current test (tens of seconds) plus the
 look itself. A test holding its own shared lock lets it go before it asks for the exclusive one (``flock``
 converts a lock by releasing it first), so two workers that both ask cannot deadlock: one gets it, then the

@@ -11,7 +11,7 @@ campaign keeps what it measured.
 
 ``analyze`` (pure: :func:`analyze`) applies the gate's own rules to the trials (the in-run look, the noise
 guard, the ratio against a stored baseline and against the campaign's other trials, and the second look of
-Note [second look] in :mod:`vramgate.engine.paired`, taken from another trial: a fresh pair of engines, as the
+Note [second look] in :mod:`vramgate.engine.looks`, taken from another trial: a fresh pair of engines, as the
 gate takes it) and counts false alarms per gate run (any profile's test failing on an unchanged tree) and
 detections per profile, with exact (Clopper-Pearson) 95% bounds.
 
@@ -36,6 +36,8 @@ from typing import Any
 
 #: The planted delay a detection trial gives the candidate's engine steps.
 PLANTED = 0.10
+#: A trial's conditions: its name and the delay planted in the candidate.
+CONDITIONS = (("unchanged", 0.0), ("delay-10%", PLANTED))
 
 
 def _binomial_cdf(k: int, n: int, p: float) -> float:
@@ -80,7 +82,8 @@ def show_rate(hits: int, trials: int, *, bound: str = "upper") -> str:
 
 @dataclass(frozen=True)
 class TrialData:
-    """One trial of one profile's paired test: each round's median engine step, reference and candidate."""
+    """One trial of one profile's paired test: the gated statistic's samples (``step``: each round's median engine
+    step; ``step_floor``: Note [step floor] in :mod:`vramgate.engine.paired`), reference and candidate."""
 
     profile: str
     condition: str
@@ -89,12 +92,15 @@ class TrialData:
     ref: list[float]
     cand: list[float]
     busy: bool
+    stat: str = "step"
+    """The statistic of ``ref`` and ``cand`` (trials before it was recorded took ``step``)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrialData:
         """A trial from a line of ``trials.jsonl``."""
         return cls(str(data["profile"]), str(data["condition"]), int(data["index"]),
-                   [float(v) for v in data["ref"]], [float(v) for v in data["cand"]], bool(data.get("busy", True)))
+                   [float(v) for v in data["ref"]], [float(v) for v in data["cand"]], bool(data.get("busy", True)),
+                   str(data.get("stat", "step")))
 
 
 def load_trials(paths: Sequence[Path]) -> list[TrialData]:
@@ -137,8 +143,10 @@ def _busy_loop(root: Path, out: Path, stop: Path) -> Any:
 
 
 def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None,
-        quiet_looks: bool = False, together: bool | None = None) -> None:
-    """Trials until *minutes* have passed (see the module's docstring), appended to ``out/trials.jsonl``."""
+        quiet_looks: bool = False, together: bool | None = None,
+        conditions: Sequence[str] = ("unchanged", "delay-10%")) -> None:
+    """Trials until *minutes* have passed (see the module's docstring), appended to ``out/trials.jsonl``; of the
+    *conditions* named (:data:`CONDITIONS`) only."""
     import pytest
 
     from vramgate.engine import engine_tier
@@ -173,7 +181,7 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
     index = sum(1 for _ in (out / "trials.jsonl").open()) if (out / "trials.jsonl").exists() else 0
     try:
         while time.monotonic() < deadline:
-            for condition, delay in (("unchanged", 0.0), ("delay-10%", PLANTED)):
+            for condition, delay in [(c, d) for c, d in CONDITIONS if c in conditions]:
                 for name, candidate in candidates.items():
                     if delay:
                         candidate = candidate.replace(env={"VRAMGATE_PLANT_DELAY": str(delay)})
@@ -186,6 +194,7 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
                         result = engines.run(n_rounds, seed=index, together=together)
                     ref, cand = result.stats(settings.stat)
                     line = {"profile": name, "condition": condition, "index": index, "ref": ref, "cand": cand,
+                            "stat": settings.stat,
                             "ref_steps": [r.steps_s for r in result.a], "cand_steps": [r.steps_s for r in result.b],
                             "busy": busy, "started": t0, "seconds": time.time() - t0, "isa": os.environ.get(
                                 "VRAMGATE_CPU_ISA", ""), "quiet": bool(got and got.quiet),
@@ -238,9 +247,9 @@ class Rules:
             out.append("noise")
         if base:
             ratios = [c / r for r, c in zip(ref, cand, strict=True)]
-            now = Metric("step_ratio", median(ratios), "ratio", "measured", samples=ratios,
+            now = Metric("ratio", median(ratios), "ratio", "measured", samples=ratios,
                          tolerance=self.history_tolerance)
-            then = Metric("step_ratio", median(base), "ratio", "measured", samples=list(base))
+            then = Metric("ratio", median(base), "ratio", "measured", samples=list(base))
             if check_baseline(now, then)[0] == "regressed":
                 out.append("history")
         return out
@@ -285,7 +294,7 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
 def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | None = None,
             rules: Rules | None = None, model_runs: int = 0) -> dict[str, Any]:
     """The gate's rules applied to *trials* (Note [per-gate-run campaign]); *baselines*: each profile's stored
-    ``step_ratio`` samples on this machine's key, where it has them.
+    samples of the paired test's metric on this machine's key, where it has them.
 
     Per gate run, the k-th unchanged trial of every profile is one gate run's set of paired tests: its first looks
     fail when any does (a count with an exact bound, no model), and it fails with probability 1 - prod(1 - p) over
@@ -383,10 +392,11 @@ def simulate(model: NoiseModel, rules: Rules, *, rounds: int = 30, shift: float 
 def render(result: dict[str, Any]) -> str:
     """The analysis as Markdown: a row per profile and condition, then the per-gate-run figures."""
     r = result["rules"]
-    lines = [f"In-run tolerance {r['tolerance']:.1%} (alpha {r['alpha']:g}), history tolerance "
+    lines = [f"Statistic `{result.get('stat', 'step')}`. In-run tolerance {r['tolerance']:.1%} (alpha {r['alpha']:g}), "
+             f"history tolerance "
              f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}.",
              "",
-             "| profile | condition | trials | step ratio, trial medians | SD between trials | largest detectable "
+             "| profile | condition | trials | ratio, trial medians | SD between trials | largest detectable "
              "shift | first looks failing (in-run / noise / history) | tests failing (after the second look) |",
              "|---|---|---|---|---|---|---|---|"]
     for profile, conditions in result["profiles"].items():
@@ -411,16 +421,17 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def stored_ratios(root: Path, key: str) -> dict[str, list[float]]:
-    """Each profile's stored ``step_ratio`` samples under the baseline key *key* (none when it has none)."""
+def stored_ratios(root: Path, key: str, name: str) -> dict[str, list[float]]:
+    """Each profile's stored samples of the paired test's metric *name* (``step_floor_ratio``) under the baseline key
+    *key* (none when it has none)."""
     path = root / "baselines" / key / "latency.json"
     if not path.exists():
         return {}
     data = json.loads(path.read_text(encoding="utf-8"))
     out = {}
     for nodeid, test in data.get("tests", {}).items():
-        if "test_profile_latency_ratio[" in nodeid and "step_ratio" in test.get("metrics", {}):
-            out[nodeid.split("[", 1)[1].rstrip("]")] = [float(v) for v in test["metrics"]["step_ratio"]["samples"]]
+        if "test_profile_latency_ratio[" in nodeid and name in test.get("metrics", {}):
+            out[nodeid.split("[", 1)[1].rstrip("]")] = [float(v) for v in test["metrics"][name]["samples"]]
     return out
 
 
@@ -435,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--idle", action="store_true", help="no other worker")
     r.add_argument("--rounds", type=int)
     r.add_argument("--quiet", action="store_true", help="every trial in a quiet section")
+    r.add_argument("--conditions", default="unchanged,delay-10%", help="the conditions to take trials of")
     r.add_argument("--together", action=argparse.BooleanOptionalAction, default=None,
                    help="both engines run each pair's rounds at once (default: the tier's setting)")
     z = sub.add_parser("analyze")
@@ -444,20 +456,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--alpha", type=float)
     z.add_argument("--history-tolerance", type=float)
     z.add_argument("--json", type=Path, help="also write the analysis here")
+    z.add_argument("--stat", help="the trials of this statistic (default: the CPU tier's, step_floor)")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.command == "run":
         run(root, args.out, args.minutes, [p for p in args.profiles.split(",") if p], not args.idle, args.rounds,
-            args.quiet, args.together)
+            args.quiet, args.together, args.conditions.split(","))
         return 0
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
     d = PAIRED_DEFAULTS["cpu"]
     rules = Rules(d.tolerance if args.tolerance is None else args.tolerance, d.alpha if args.alpha is None else
                   args.alpha, d.history_tolerance if args.history_tolerance is None else args.history_tolerance)
-    result = analyze(load_trials(args.folders), stored_ratios(root, args.key) if args.key else None, rules,
+    stat = args.stat or d.stat
+    trials = [t for t in load_trials(args.folders) if t.stat == stat]
+    if not trials:
+        raise SystemExit(f"no trials of the statistic {stat!r} in {', '.join(map(str, args.folders))}")
+    result = analyze(trials, stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None, rules,
                      args.model_runs)
+    result["stat"] = stat
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
     print(render(result))
