@@ -276,3 +276,9 @@ def test_the_noise_model_fits_the_trials_and_predicts_the_rules_outcomes() -> No
     assert simulate(model, rules, runs=100, shift=0.2) > 0.95
     noisy = NoiseModel(0.0, 0.0, (0.6,))
     assert simulate(noisy, rules, runs=50, history=False) > 0.95  # untrusted, every time
+    # a look has as many pairs as the trials had (6 step floors of 5 rounds): fewer pairs, less power
+    assert model.samples == 30 and NoiseModel.fit([TrialData("p", "unchanged", i, t.ref[:6], t.cand[:6], True)
+                                                   for i, t in enumerate(trials)]).samples == 6
+    spread = NoiseModel(0.0, 0.0, (0.08,))
+    assert simulate(spread, rules, runs=300, shift=0.1, history=False) > simulate(
+        NoiseModel(0.0, 0.0, (0.08,), samples=6), rules, runs=300, shift=0.1, history=False) + 0.1

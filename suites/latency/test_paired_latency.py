@@ -29,8 +29,7 @@ from vramgate.testing import (
 @pytest.mark.gate_profiles("latency")
 def test_profile_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, model_shape: ModelLoader,
                                tmp_path: Path, profile: Profile, request: pytest.FixtureRequest) -> None:
-    """The profile's engine time over the unpatched engine's, on the calibration workload, in round pairs (on CPU the
-    step floor of 5 rounds, Note [step floor] in vramgate.engine.paired; on a GPU each round's median step); a
+    """Per-round median engine step of the profile over the unpatched engine's, on the calibration workload; a
     failing first look is confirmed by a second (Note [second look] in vramgate.engine.looks)."""
     skip_unmet(profile)
     reference = latency_spec("tiny-llama")

@@ -28,13 +28,10 @@ def test_upgrade_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, t
     settings = paired_defaults(engine_tier())
     with PairedEngines(reference, candidate, project_root, tmp_path, cache_root=vllm_env / "cache") as engines:
         result = engines.run(settings.rounds, seed=0)
-    # The median step, not the tier's step floor: two vLLM versions need not take the same steps (Note [step floor]
-    # in vramgate.engine.paired compares the same steps of the same scheduler).
-    stat = "step"
-    reference_rounds, candidate_rounds = result.stats(stat)
+    reference_rounds, candidate_rounds = result.stats(settings.stat)
     assert len(reference_rounds) == len(candidate_rounds) == settings.rounds
     old, new = result.versions["a"], result.versions["b"]
     assert old.get("vllm") == upgrade_from.vllm, f"the engine of the old version ran {old}"
     assert new.get("vllm") != old.get("vllm"), f"both engines ran vLLM {new.get('vllm')}"
-    gate.record_paired(f"upgrade_{stat}_ratio", reference_rounds, candidate_rounds,
+    gate.record_paired(f"upgrade_{settings.stat}_ratio", reference_rounds, candidate_rounds,
                        tolerance=settings.tolerance, alpha=settings.alpha)

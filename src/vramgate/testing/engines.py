@@ -118,8 +118,8 @@ def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
 def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec, request: pytest.FixtureRequest, *,
                        project_root: Path, run_dir: Path, cache_root: Path) -> None:
     """Run *reference* and *candidate* as paired engines (Note [paired latency] in :mod:`vramgate.engine.paired`)
-    at this tier's settings and record the ratio of the tier's statistic (``step_floor_ratio`` on CPU, Note [step
-    floor] in :mod:`vramgate.engine.paired`; ``step_ratio``, each round's median step, on a GPU) on *gate*.
+    at this tier's settings and record the per-pair ratio of the tier's statistic (each round's median engine step:
+    ``step_ratio``) on *gate*.
 
     Each look is judged as the end of the test will judge it (in-run, the noise guard, the stored baseline:
     :meth:`~vramgate.pytest_plugin.fixture.Gate.paired_checks`); a first look that fails any is followed by a

@@ -339,11 +339,12 @@ class NoiseModel:
     """A profile's paired rounds as the trials show them: each round pair's log ratio is the profile's true log
     ratio (*effect*), plus its engine pair's offset (SD *between*: an engine process is a little faster or slower
     for its whole life), plus the pair's noise (SD one of *spreads*, the ratio spreads the trials had: a look
-    draws one)."""
+    draws one); a look has *samples* pairs, as the trials had (30 round pairs, or 6 step floors)."""
 
     effect: float
     between: float
     spreads: tuple[float, ...]
+    samples: int = 30
 
     @classmethod
     def fit(cls, group: Sequence[TrialData]) -> NoiseModel:
@@ -356,7 +357,7 @@ class NoiseModel:
         mean = sum(logs) / len(logs)
         total = sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1)
         own = sum(math.pi / 2 * s**2 / len(t.ref) for s, t in zip(spreads, group, strict=True)) / len(group)
-        return cls(mean, math.sqrt(max(0.0, total - own)), spreads)
+        return cls(mean, math.sqrt(max(0.0, total - own)), spreads, min(len(t.ref) for t in group))
 
     def look(self, rng: Any, rounds: int, shift: float = 0.0) -> tuple[list[float], list[float]]:
         """One look's rounds from fresh engines, the candidate *shift* slower."""
@@ -367,13 +368,15 @@ class NoiseModel:
         return ref, cand
 
 
-def simulate(model: NoiseModel, rules: Rules, *, rounds: int = 30, shift: float = 0.0, runs: int = 2000,
+def simulate(model: NoiseModel, rules: Rules, *, rounds: int | None = None, shift: float = 0.0, runs: int = 2000,
              history: bool = True, seed: int = 0) -> float:
     """How often the paired test fails under *model*: a first look, a second (fresh engines) when it fails, the
-    pooled verdict; against a baseline that is another unchanged process's look where *history*."""
+    pooled verdict; against a baseline that is another unchanged process's look where *history*. A look has
+    *rounds* pairs (default: the model's)."""
     import random
 
     rng = random.Random(seed)
+    rounds = model.samples if rounds is None else rounds
     fails = 0
     for _ in range(runs):
         base = None
@@ -456,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--alpha", type=float)
     z.add_argument("--history-tolerance", type=float)
     z.add_argument("--json", type=Path, help="also write the analysis here")
-    z.add_argument("--stat", help="the trials of this statistic (default: the CPU tier's, step_floor)")
+    z.add_argument("--stat", help="the trials of this statistic (default: the CPU tier's)")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
     args = parser.parse_args(argv)
     root = Path.cwd()
