@@ -307,9 +307,9 @@ class PairedDefaults:
 
 #: CPU (2 cores): idle, one pair at a time, 0 false alarms in 19 unchanged trials, +10% caught in 18 of 19. Beside the
 #: other xdist worker (docs/calibration.md, per gate run), rounds together, each round's median step, a second look
-#: failing on its own: 0.56 of 30 unchanged tests failed (about 2% per gate run), 38-87% of a planted +10% per
-#: profile (173 trials). The step floor (Note [step floor]) did no better on the gate's rules (64 trials). The 1% /
-#: 95% targets are out of reach of one engine pair per look on this host (the doc says why).
+#: failing on its own: 0.75 of 91 unchanged tests failed (2.5% per gate run, estimated), 56-66% of a planted +10%
+#: caught per profile (173 trials). The step floor (Note [step floor]) did no better on the gate's rules (64
+#: trials). The 1% / 95% targets are out of reach of one engine pair per look on this host (the doc says why).
 #: GPU: from the kernel campaign on an H200 (interleaved calls): 5% gave 0 false alarms in 22,400 history and
 #: 160 in-run comparisons and caught +10% in all. Engine pairs on a GPU are not measured yet.
 PAIRED_DEFAULTS = {
