@@ -130,23 +130,18 @@ def test_round_ratios_and_stats() -> None:
 
 def test_the_step_floor_sums_each_steps_shortest_duration_per_group_of_rounds() -> None:
     # Note [step floor]: a step slowed in one round (a stall of 4x) does not move its group's value; the work does
-    from vramgate.core.stats import floor_sums
-    from vramgate.engine.paired import FLOOR_GROUP, PairedResult
-
-    def rounds(steps: list[list[float]]) -> list[Round]:
-        return [Round(ttft_s=[1.0], tpot_s=[1.0], e2e_s=[1.0], steps_s=s, wall_s=1.0) for s in steps]
+    from vramgate.tools.calibration.gate_paired import FLOOR_GROUP, floor_sums
 
     clean = [[0.010, 0.004, 0.004]] * FLOOR_GROUP
     stalled = [[0.010, 0.016, 0.004], *clean[1:]]
     slower = [[x * 1.1 for x in s] for s in stalled]
-    result = PairedResult(a=rounds(stalled + clean), b=rounds(slower + clean))
-    ref, cand = result.stats("step_floor")
+    ref, cand = floor_sums(stalled + clean), floor_sums(slower + clean)
     assert ref == pytest.approx([0.018, 0.018]) and cand == pytest.approx([0.0198, 0.018])
-    assert result.ratios("step_floor") == pytest.approx([1.1, 1.0])
+    assert round_ratios(ref, cand) == pytest.approx([1.1, 1.0])
     # a step only some rounds have counts with those; groups must be whole
     assert floor_sums([[1.0, 2.0], [3.0]], 2) == [3.0]
     with pytest.raises(ValueError, match="do not split into groups of 5"):
-        PairedResult(a=rounds(clean[:3]), b=rounds(clean[:3])).stats("step_floor")
+        floor_sums(clean[:3])
     with pytest.raises(ValueError, match="has no samples"):
         floor_sums([[1.0], []], 2)
 

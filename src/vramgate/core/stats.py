@@ -231,22 +231,6 @@ def compare_pairs(reference: Sequence[float], candidate: Sequence[float], *, bet
                             worse > tolerance and p_worse < alpha, gain > tolerance and p_better < alpha)
 
 
-def floor_sums(series: Sequence[Sequence[float]], group: int) -> list[float]:
-    """Per *group* consecutive *series* (each a sequence of durations, position by position the same work), the
-    sum over the positions of the shortest duration at each (Note [step floor] in :mod:`vramgate.engine.paired`);
-    a position some series lack counts with those that have it. ``ValueError`` when the series do not split into
-    groups of *group* or one is empty."""
-    if group < 1 or len(series) % group:
-        raise ValueError(f"{len(series)} series do not split into groups of {group}")
-    if not all(series):
-        raise ValueError("a series has no samples")
-    out = []
-    for start in range(0, len(series), group):
-        block = series[start:start + group]
-        out.append(sum(min(s[k] for s in block if len(s) > k) for k in range(max(len(s) for s in block))))
-    return out
-
-
 def detectable_pair_shift(reference: Sequence[float], candidate: Sequence[float], *, alpha: float = DEFAULT_ALPHA,
                           power: float = DETECTION_POWER) -> float:
     """The smallest relative shift that :func:`compare_pairs` at *alpha* detects with *power*, given the noise of

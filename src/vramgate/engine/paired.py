@@ -24,17 +24,14 @@ from typing import Any
 
 from vramgate.core.metrics import median
 from vramgate.core.records import record_fields
-from vramgate.core.stats import floor_sums
 from vramgate.engine.runner import EngineError, engine_process_env, preload_folder
 from vramgate.engine.spec import EngineSpec, apply_profile, validate
 from vramgate.runtime import preload as preloading
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
 
-#: Per-round statistics a round yields (see :func:`round_stat`), and one of several rounds.
-STATISTICS = ("tpot", "ttft", "e2e", "step", "wall", "step_floor")  # the last: Note [step floor]
-#: Round pairs per value of the ``step_floor`` statistic (Note [step floor]).
-FLOOR_GROUP = 5
+#: Per-round statistics a round yields (see :func:`round_stat`).
+STATISTICS = ("tpot", "ttft", "e2e", "step", "wall")
 
 
 @dataclass
@@ -64,8 +61,7 @@ def round_stat(r: Round, stat: str) -> float:
     if stat == "wall":
         return r.wall_s
     if stat not in values:
-        several = " (step_floor is one of several rounds: PairedResult.stats)" if stat == "step_floor" else ""
-        raise ValueError(f"unknown round statistic {stat!r}{several}; known: {', '.join(STATISTICS[:-1])}")
+        raise ValueError(f"unknown round statistic {stat!r}; known: {', '.join(STATISTICS)}")
     if not values[stat]:
         raise ValueError(f"the round has no {stat} samples")
     return median(values[stat])
@@ -84,20 +80,7 @@ class PairedResult:
     """The versions (python, vllm, torch) each side's engine reported, by side (``a``, ``b``)."""
 
     def stats(self, stat: str) -> tuple[list[float], list[float]]:
-        """The per-round *stat* (see :func:`round_stat`) of the reference rounds and of the candidate rounds; for
-        ``step_floor``, a value per :data:`FLOOR_GROUP` round pairs.
-
-        Note [step floor]: an engine runs the same steps in the same order every round (the offline scheduler
-        does not depend on time), and a step's duration is its work plus what the machine took from it meanwhile:
-        on a 2-core CPU single steps ran 2-4x their usual time now and then. ``step_floor`` is, per 5 rounds, the
-        sum over the steps of each step's shortest duration in them (:func:`~vramgate.core.stats.floor_sums`):
-        the workload's engine time with the least taken. On the same 104 trials beside the other xdist worker it saw
-        a planted +10% with 1.2-1.3x the signal to noise of each round's median step, on every CPU profile, but a
-        look gives 6 pairs instead of 30, and with the gate's rules (signed-rank test, noise guard, second look) it
-        caught no more and alarmed no less (docs/calibration.md): no tier gates it; the campaigns can."""
-        if stat == "step_floor":
-            return floor_sums([r.steps_s for r in self.a], FLOOR_GROUP), floor_sums([r.steps_s for r in self.b],
-                                                                                   FLOOR_GROUP)
+        """The per-round *stat* (see :func:`round_stat`) of the reference rounds and of the candidate rounds."""
         return [round_stat(r, stat) for r in self.a], [round_stat(r, stat) for r in self.b]
 
     def ratios(self, stat: str) -> list[float]:
@@ -299,17 +282,13 @@ class PairedDefaults:
     together: bool = False
     """Both engines run each pair's rounds at the same time (Note [rounds together])."""
 
-    @property
-    def samples(self) -> int:
-        """The pairs of samples a look gives: a round pair each, or one per :data:`FLOOR_GROUP` (Note [step floor])."""
-        return self.rounds // FLOOR_GROUP if self.stat == "step_floor" else self.rounds
-
 
 #: CPU (2 cores): idle, one pair at a time, 0 false alarms in 19 unchanged trials, +10% caught in 18 of 19. Beside the
 #: other xdist worker (docs/calibration.md, per gate run), rounds together, each round's median step, a second look
 #: failing on its own: 0.75 of 91 unchanged tests failed (2.5% per gate run, estimated), 56-66% of a planted +10%
-#: caught per profile (173 trials). The step floor (Note [step floor]) did no better on the gate's rules (64
-#: trials). The 1% / 95% targets are out of reach of one engine pair per look on this host (the doc says why).
+#: caught per profile (173 trials). The step floor (Note [step floor] in vramgate.tools.calibration.gate_paired) did
+#: no better on the gate's rules (64 trials). The 1% / 95% targets are out of reach of one engine pair per look on
+#: this host (the doc says why).
 #: GPU: from the kernel campaign on an H200 (interleaved calls): 5% gave 0 false alarms in 22,400 history and
 #: 160 in-run comparisons and caught +10% in all. Engine pairs on a GPU are not measured yet.
 PAIRED_DEFAULTS = {

@@ -118,8 +118,7 @@ def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
 def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec, request: pytest.FixtureRequest, *,
                        project_root: Path, run_dir: Path, cache_root: Path) -> None:
     """Run *reference* and *candidate* as paired engines (Note [paired latency] in :mod:`vramgate.engine.paired`)
-    at this tier's settings and record the per-pair ratio of the tier's statistic (each round's median engine step:
-    ``step_ratio``) on *gate*.
+    at this tier's settings and record the per-round ratio of the median engine step (``step_ratio``) on *gate*.
 
     Each look is judged as the end of the test will judge it (in-run, the noise guard, the stored baseline:
     :meth:`~vramgate.pytest_plugin.fixture.Gate.paired_checks`); a first look that fails any is followed by a
@@ -150,6 +149,6 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also)
     looks += quiet_lines
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
-    assert len(reference_rounds) == len(candidate_rounds) in (settings.samples, 2 * settings.samples)
+    assert len(reference_rounds) == len(candidate_rounds) in (settings.rounds, 2 * settings.rounds)
     gate.record_paired(name, reference_rounds, candidate_rounds, tolerance=settings.tolerance, alpha=settings.alpha,
                        history_tolerance=settings.history_tolerance, looks=looks)
