@@ -147,3 +147,27 @@ def test_engine_spec_with_fp8_kv_is_unsupported_before_the_engine_starts(monkeyp
     assert kernel_problem(spec, "gpu") is None  # the GPU tier's kernels are not the CPU build's
     fake_cpu(monkeypatch, ZEN5, None)
     assert kernel_problem(spec, "cpu") is None and kernel_problem(awq, "cpu") is None
+
+
+def test_mla_backends_by_isa() -> None:
+    # Note [CPU MLA backends]: AMX_MLA on a CPU with AMX tiles (multiples of 32, bfloat16), CPU_MLA elsewhere (16).
+    assert isa.mla_backend("amx") == "AMX_MLA" and isa.mla_backend("avx512-bf16") == "CPU_MLA"
+    assert isa.mla_backend("aarch64") == "CPU_MLA"
+    assert isa.mla_problem(16, "bfloat16", "avx512-bf16") is None and isa.mla_problem(32, "bfloat16", "amx") is None
+    assert "multiples of 32, not 16" in (isa.mla_problem(16, "bfloat16", "amx") or "")
+    assert "bfloat16 only" in (isa.mla_problem(64, "float16", "amx") or "")
+    assert "block size 16 only" in (isa.mla_problem(32, "bfloat16", "avx2") or "")
+
+
+def test_an_mla_block_size_of_the_other_cpu_is_unsupported_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = EngineSpec(model="tiny-deepseek-v2", workload="fixed", requests=2, block_size=16, max_model_len=256,
+                      kv_budget_gib=0.25)
+    fake_cpu(monkeypatch, SAPPHIRE, None)
+    with pytest.raises(UnsupportedHere, match="AMX_MLA on this CPU"):
+        validate(spec, ROOT, tier="cpu")
+    validate(spec.replace(block_size=32), ROOT, tier="cpu")
+    assert kernel_problem(spec, "cpu") is None  # the rule is the MLA backend's: a model without MLA is not asked
+    fake_cpu(monkeypatch, SAPPHIRE, "avx512-bf16")  # capped below AMX: torch reports no AMX tiles, vLLM runs CPU_MLA
+    validate(spec, ROOT, tier="cpu")
+    with pytest.raises(UnsupportedHere, match="CPU_MLA on this CPU"):
+        validate(spec.replace(block_size=32), ROOT, tier="cpu")

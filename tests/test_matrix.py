@@ -23,7 +23,7 @@ from vramgate.matrix import (
     parse_matrix,
     project_matrix,
 )
-from vramgate.testing import SMALL_RUN_BLOCK_SIZE, matrix_params
+from vramgate.testing import SMALL_RUN_BLOCK_SIZE, SMALL_RUN_BLOCK_SIZE_AMX, matrix_params
 from vramgate.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,10 +153,21 @@ def test_the_shipped_file_is_the_built_in_default_and_gives_todays_cases() -> No
         assert [(p.id, any(mk.name == "gate_nightly" for mk in p.marks)) for p in cap] == expected
         lat = matrix_params(default, "latency", ["model", "block_size"], "{model}", "t", tier, ROOT, box)
         assert [(p.id, p.values[1]) for p in lat] == list(shared.items())
+    # A CPU with AMX runs MLA with AMX_MLA (multiples of 32): its entries, the same ids where the block size is not
+    # in them (Note [CPU MLA backends]).
+    cap = matrix_params(default, "capacity", ["model", "block_size"], "{model}-bs{block_size}", "t", "cpu", ROOT,
+                        amx_box)
+    assert [p.id for p in cap] == ["tiny-llama-bs32", "tiny-llama-bs64", "tiny-llama-bs128", "tiny-deepseek-v2-bs32"]
+    lat = matrix_params(default, "latency", ["model", "block_size"], "{model}", "t", "cpu", ROOT, amx_box)
+    assert [(p.id, p.values[1]) for p in lat] == list(SMALL_RUN_BLOCK_SIZE_AMX.items())
 
 
 def cpu_box() -> Machine:
-    return Machine("cpu", "cpu-x86_64-avx512-bf16-amd-epyc", 0)
+    return Machine("cpu", "cpu-x86_64-avx512-bf16-amd-epyc", 0, "avx512-bf16")
+
+
+def amx_box() -> Machine:
+    return Machine("cpu", "cpu-x86_64-amx-intel-xeon-processor", 0, "amx")
 
 
 GATED = """
@@ -345,3 +356,37 @@ def test_the_matrix_selects_by_the_sessions_hardware_key(pytester: pytest.Pytest
                 mp.setenv(name, value)
             result = pytester.runpytest_subprocess(*args, "--gate-hardware", key)
         assert result.stdout.str().count("test_run[tiny-llama") == found, result.stdout.str()
+
+
+def test_selection_by_cpu_isa_class() -> None:
+    text = """[models.tiny-deepseek-v2]
+[[entries]]
+suites = ["capacity"]
+model = "tiny-deepseek-v2"
+tier = "cpu"
+cpu_isa = "amx"
+block_size = 32
+
+[[entries]]
+suites = ["capacity"]
+model = "tiny-deepseek-v2"
+tier = "cpu"
+cpu_isa = "not amx"
+block_size = 16
+"""
+    amx, below = parse_matrix(text, "vramgate.toml", ROOT).entries
+    assert "cpu_isa amx" in amx.describe()
+    sapphire = Machine("cpu", "cpu-x86_64-amx-intel-xeon", 0, "amx")
+    epyc = Machine("cpu", "cpu-x86_64-avx512-bf16-amd-epyc", 0, "avx512-bf16")
+    arm = Machine("cpu", "cpu-aarch64-neoverse", 0, "aarch64")
+    assert collection_problem(amx, "cpu", lambda: sapphire) is None
+    assert collection_problem(below, "cpu", lambda: sapphire) == (
+        "entry for CPUs of ISA class not amx; this machine's class is amx")
+    assert collection_problem(amx, "cpu", lambda: epyc) == (
+        "entry for CPUs of ISA class amx; this machine's class is avx512-bf16")
+    assert collection_problem(below, "cpu", lambda: epyc) is None
+    assert collection_problem(below, "cpu", lambda: arm) is None  # another architecture is below every x86 class
+    with pytest.raises(MatrixError, match=r"entries\[0\]\.cpu_isa: unknown ISA class 'amx2'"):
+        parse_matrix(text.replace('"amx"', '"amx2"', 1), "vramgate.toml", ROOT)
+    with pytest.raises(MatrixError, match=r"entries\[0\]\.cpu_isa: an ISA class \('amx'\) needs tier"):
+        parse_matrix(text.replace('tier = "cpu"\ncpu_isa = "amx"', 'cpu_isa = "amx"', 1), "vramgate.toml", ROOT)

@@ -223,3 +223,18 @@ def test_written_checkpoint_matches_size_model(tmp_path: Path) -> None:
         assert ("quantization_config" in cfg) == (scheme != "bf16")
     with pytest.raises(QuantConfigError, match="unknown checkpoint format 'exl2'"):
         write_checkpoint(SMALL, "exl2", tmp_path / "x")
+
+
+def test_cpu_resident_model_on_amx() -> None:
+    # Note [CPU resident weights]: with AMX, bfloat16 and VLLM_CPU_INT4_W4A8 (vLLM's default), the int4 x int8 path
+    # blocks the weights: per output channel and group, a 4-byte sum, an int8 zero point and an fp32 scale.
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "fixtures/models/tiny-llama/config.json").read_text())
+    # vLLM 0.32.0's own parameter bytes for tiny-llama's checkpoints on an Intel Xeon with AMX
+    assert vllm_cpu_resident(cfg, "awq", 128, isa_class="amx").parameter_bytes == 33_443_328
+    assert vllm_cpu_resident(cfg, "gptq", 128, isa_class="amx").parameter_bytes == 33_443_328
+    assert vllm_cpu_resident(cfg, "w4a16", 128, isa_class="amx").parameter_bytes == 33_443_456
+    # the same checkpoints where the w4a16 path runs: below AMX, in float16, or with VLLM_CPU_INT4_W4A8=0
+    for kwargs in ({"isa_class": "avx512-bf16"}, {"isa_class": "amx", "dtype": "float16"},
+                   {"isa_class": "amx", "int4_w4a8": False}):
+        assert vllm_cpu_resident(cfg, "awq", 128, **kwargs).parameter_bytes == 33_383_424  # type: ignore[arg-type]
+    assert vllm_cpu_resident(cfg, "bf16", isa_class="amx") == vllm_cpu_resident(cfg, "bf16", isa_class="avx512-bf16")

@@ -17,6 +17,7 @@ them, embeddings, LM head and norms in 16 bits. Here it is held against
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,9 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: QuantRuns, profile: Prof
         return
     from vramgate.testing import isa
 
-    resident = vllm_cpu_resident(quant_runs.checkpoints.config, scheme, group, isa_class=isa.effective_isa())
+    resident = vllm_cpu_resident(quant_runs.checkpoints.config, scheme, group, isa_class=isa.effective_isa(),
+                                 dtype=str(result.spec.get("dtype", "bfloat16")),
+                                 int4_w4a8=os.environ.get("VLLM_CPU_INT4_W4A8", "1").strip() not in ("", "0"))
     checkpoint = quant_runs.checkpoints.get(scheme, group).total_bytes
     explained = "; ".join(f"{what}: {delta:+,} B" for what, delta in resident.differences) or "none"
     assert params == resident.parameter_bytes, (

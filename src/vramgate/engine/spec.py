@@ -115,12 +115,15 @@ def engine_tier() -> str:
 def cpu_backend_problem(spec: EngineSpec, use_mla: bool) -> str | None:
     """Why vLLM 0.32.0's CPU attention backends cannot run *spec*, or None.
 
-    CPU_MLA runs block size 16 only (vLLM silently overrides others); CPU_ATTN
-    needs a multiple of 32 ("No common block size"); fp8 KV with CPU_MLA fails at
-    the first decode step.
+    What no CPU runs: an MLA block size that is neither CPU_MLA's 16 nor a multiple
+    of 32 (AMX_MLA's; which of the two a CPU runs is the machine's limit:
+    :func:`kernel_problem`, Note [CPU MLA backends] in :mod:`vramgate.machine.isa`);
+    CPU_ATTN needs a multiple of 32 ("No common block size"); fp8 KV with an MLA
+    backend fails at the first decode step.
     """
-    if use_mla and spec.block_size != 16:
-        return f"spec field 'block_size' = {spec.block_size}: vLLM's CPU MLA backend runs block size 16 only"
+    if use_mla and spec.block_size != 16 and spec.block_size % 32:
+        return (f"spec field 'block_size' = {spec.block_size}: vLLM's CPU MLA backends run block size 16 (CPU_MLA) "
+                "or a multiple of 32 (AMX_MLA, on CPUs with AMX)")
     if not use_mla and spec.block_size % 32:
         return (f"spec field 'block_size' = {spec.block_size}: vLLM's CPU attention backend needs a multiple of 32 "
                 f"(accepted here: {', '.join(str(b) for b in BLOCK_SIZES if b % 32 == 0)})")
@@ -139,14 +142,20 @@ class UnsupportedHere(SpecError):
 WNA16_METHODS = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"})
 
 
-def kernel_problem(spec: EngineSpec, tier: str | None = None) -> str | None:
+def kernel_problem(spec: EngineSpec, tier: str | None = None, *, use_mla: bool = False) -> str | None:
     """Why this machine's vLLM CPU kernels cannot run *spec* (with its profile's engine arguments resolved), or
-    None; always None on the GPU tier. Reads the ISA class in force (``VRAMGATE_CPU_ISA`` caps it)."""
+    None; always None on the GPU tier. Reads the ISA class in force (``VRAMGATE_CPU_ISA`` caps it); *use_mla*:
+    the model attends with MLA, whose CPU backend depends on the ISA (Note [CPU MLA backends])."""
     if (tier or engine_tier()) != "cpu":
         return None
     from vramgate.machine import isa
 
     cls = isa.effective_isa()
+    if use_mla:
+        problem = isa.mla_problem(int(spec.engine_args.get("block_size", spec.block_size)),
+                                  str(spec.engine_args.get("dtype", spec.dtype)), cls)
+        if problem:
+            return problem
     kv_dtype = str(spec.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
     quant = spec.engine_args.get("quantization")
     features = [("fp8_kv", kv_dtype.startswith("fp8"), f"kv_cache_dtype {kv_dtype!r}"),
@@ -253,7 +262,7 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
         problem = cpu_backend_problem(spec, shape.use_mla)
         if problem:
             raise SpecError(problem)
-        problem = kernel_problem(spec, "cpu")
+        problem = kernel_problem(spec, "cpu", use_mla=shape.use_mla)
         if problem:
             raise UnsupportedHere(problem)
     elif spec.engine_args.get("attention_backend") or spec.attention_backend:

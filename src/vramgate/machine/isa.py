@@ -153,6 +153,36 @@ def kernel_problem(feature: str, isa: str) -> str | None:
     return None
 
 
+def mla_backend(isa: str) -> str:
+    """The attention backend vLLM 0.32.0's CPU platform runs an MLA model (DeepSeek-V2/V3) with under *isa*.
+
+    Note [CPU MLA backends]: ``CpuPlatform.get_attn_backend_cls`` takes ``AMX_MLA`` on an x86 CPU whose torch
+    reports AMX tiles (``torch.cpu._is_amx_tile_supported``, which the cap lowers: Note [ISA cap]) unless
+    ``CPU_MLA`` is asked for by name, and ``CPU_MLA`` otherwise. The two run different block sizes:
+    ``CPU_MLA``'s decode kernel is built for 16 only (``check_and_update_config`` overrides any other block size
+    to 16, with a warning), while ``AMXMLABackend.supports_block_size`` takes multiples of 32 and vLLM fails a 16
+    at start ("No common block size for 16 (AMX_MLA: [MultipleOf(32)])"); ``AMX_MLA`` also runs bfloat16 only.
+    So an MLA engine spec that runs on one CPU may not on another: a machine's limit, not a spec's error."""
+    return "AMX_MLA" if at_least(isa, "amx") else "CPU_MLA"
+
+
+def mla_problem(block_size: int, dtype: str, isa: str) -> str | None:
+    """Why vLLM 0.32.0's CPU MLA backend of *isa* (:func:`mla_backend`) cannot run block size *block_size* and
+    model dtype *dtype*, or None (Note [CPU MLA backends])."""
+    backend = mla_backend(isa)
+    if backend == "AMX_MLA":
+        if block_size % 32:
+            return (f"vLLM runs MLA with AMX_MLA on this CPU (ISA class {isa}), which takes block sizes that are "
+                    f"multiples of 32, not {block_size} (16 is CPU_MLA's, on CPUs without AMX)")
+        if dtype != "bfloat16":
+            return f"vLLM runs MLA with AMX_MLA on this CPU (ISA class {isa}), which runs bfloat16 only, not {dtype}"
+        return None
+    if block_size != 16:
+        return (f"vLLM runs MLA with CPU_MLA on this CPU (ISA class {isa}, no AMX), which runs block size 16 only "
+                f"(it would override {block_size}; multiples of 32 are AMX_MLA's, on CPUs with AMX)")
+    return None
+
+
 def cap_environment(isa: str) -> dict[str, str]:
     """The environment that caps torch's and oneDNN's kernels at class *isa* (x86 only)."""
     if isa not in X86_CLASSES:

@@ -48,7 +48,8 @@ block_size = [16, 64, 128]
 kv_cache_dtype = ["auto", "fp8"]
 
 # The shared small engine runs (capacity and latency run the same spec, so each engine runs once a session):
-# vLLM's CPU attention needs a block size that is a multiple of 32, its CPU MLA runs 16 only.
+# vLLM's CPU attention needs a block size that is a multiple of 32; its MLA runs 16 only on CPUs without AMX
+# (CPU_MLA) and multiples of 32 on CPUs with AMX (AMX_MLA).
 [[entries]]
 suites = ["capacity", "latency"]
 model = "tiny-llama"
@@ -66,7 +67,15 @@ nightly = "more block sizes of the same accounting: no profile changes them"
 suites = ["capacity", "latency"]
 model = "tiny-deepseek-v2"
 tier = "cpu"
+cpu_isa = "not amx"
 block_size = 16
+
+[[entries]]
+suites = ["capacity", "latency"]
+model = "tiny-deepseek-v2"
+tier = "cpu"
+cpu_isa = "amx"
+block_size = 32
 
 [[entries]]
 suites = ["capacity", "latency"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate.machine.isa import X86_CLASSES
 from vramgate.matrix.suites import suite_rules
 from vramgate.models.config import available_models
 from vramgate.workloads import GENERATORS
@@ -189,12 +190,17 @@ class Entry:
     budgets: tuple[Budget, ...] = ()
     serving: Serving | None = None
     load: ServingLoad | None = None
+    cpu_isa: str | None = None
+    """``amx``: CPUs whose ISA class in force has at least that class's features; ``not amx``: those below it
+    (another architecture is below every x86 class); None: any CPU (Note [matrix selection])."""
 
     def describe(self) -> str:
         """One line: what the entry runs."""
         parts = [f"{self.model.name}", f"suites {','.join(self.suites)}", f"tier {self.tier or 'any'}"]
         if self.gpu:
             parts.append(f"gpu {self.gpu}")
+        if self.cpu_isa:
+            parts.append(f"cpu_isa {self.cpu_isa}")
         parts += [f"tp {self.tp}", f"bs {','.join(map(str, self.block_size))}",
                   f"kv {','.join(self.kv_cache_dtype)}"]
         if self.quantization:
@@ -333,8 +339,8 @@ def _workload(source: str, name: str, table: object) -> Workload:
                     None if rate is None else float(rate))
 
 
-ENTRY_FIELDS = ("suites", "model", "tier", "gpu", "tp", "dtype", "kv_cache_dtype", "block_size", "quantization",
-                "workload", "nightly", "budgets", "serving", "load")
+ENTRY_FIELDS = ("suites", "model", "tier", "gpu", "cpu_isa", "tp", "dtype", "kv_cache_dtype", "block_size",
+                "quantization", "workload", "nightly", "budgets", "serving", "load")
 SERVING_FIELDS = ("gpu_memory_utilization", "cpu_memory", "enforce_eager", "cudagraph_mode", "cudagraph_capture_sizes",
                   "max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
@@ -457,6 +463,14 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
     gpu = r.get("gpu", str)
     if gpu is not None and tier == "cpu":
         raise r.fail("gpu", f"a GPU class ({gpu!r}) on the cpu tier")
+    cpu_isa = r.get("cpu_isa", str)
+    if cpu_isa is not None:
+        cls = cpu_isa.removeprefix("not ").strip()
+        if tier != "cpu":
+            raise r.fail("cpu_isa", f"an ISA class ({cpu_isa!r}) needs tier = \"cpu\"")
+        if cls not in X86_CLASSES:
+            raise r.fail("cpu_isa", f"unknown ISA class {cls!r}; accepted: {', '.join(X86_CLASSES)}, each "
+                                    "alone or after \"not \"")
     tp = r.get("tp", int, 1)
     if tp < 1:
         raise r.fail("tp", f"must be >= 1, got {tp}")
@@ -492,7 +506,8 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
                               f"that name{_suggest(budget.metric, recorded)} (they record: {', '.join(recorded)})")
     return Entry(index, suites, models[model], tier, gpu, tp, r.get("dtype", str, "bfloat16"),
                  r.items("kv_cache_dtype", str, ("auto",)), block_size, r.get("quantization", str),
-                 None if workload is None else workloads[workload], r.get("nightly", str), budgets, serving, load)
+                 None if workload is None else workloads[workload], r.get("nightly", str), budgets, serving, load,
+                 cpu_isa)
 
 
 def parse_matrix(text: str, source: str, root: Path | None = None) -> Matrix:

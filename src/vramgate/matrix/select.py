@@ -2,7 +2,8 @@
 
 Note [matrix selection]: an entry for another engine tier (``cpu``/``gpu``) or
 another GPU class (whole words of the hardware key, :func:`vramgate.machine.hardware.matches_gpu_class`: ``l4``
-is not ``l40s``) is not collected
+is not ``l40s``), or for CPUs of another ISA class (``cpu_isa = "amx"`` or ``"not amx"``, the class in force:
+``VRAMGATE_CPU_ISA`` applied; Note [CPU MLA backends] in :mod:`vramgate.machine.isa` is why), is not collected
 at all, so each machine's node ids are those of its own entries (baselines are
 keyed by node id); ``vramgate matrix`` lists them with the reason. An entry of
 this tier and class whose TP size needs more GPUs than the machine has is
@@ -16,26 +17,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vramgate.machine.hardware import matches_gpu_class
+from vramgate.machine.isa import at_least
 from vramgate.matrix.loader import Entry
 from vramgate.workloads import workloads_dir
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What selection needs of a machine: its engine tier, hardware key and GPU count."""
+    """What selection needs of a machine: its engine tier, hardware key, GPU count and CPU ISA class."""
 
     tier: str
     hardware_key: str
     gpu_count: int
+    cpu_isa: str = ""
+    """The CPU's ISA class in force (:func:`vramgate.machine.isa.effective_isa`); empty where not known."""
 
 
 def collection_problem(entry: Entry, tier: str, machine: Callable[[], Machine]) -> str | None:
     """Why *entry* is not collected on a machine of engine tier *tier* (Note [matrix selection]), or None.
 
-    *machine* is called only when the entry names a GPU class (reading the hardware may take a moment).
+    *machine* is called only when the entry names a GPU class or an ISA class (reading the hardware may take a
+    moment).
     """
     if entry.tier is not None and entry.tier != tier:
         return f"entry for the {entry.tier} tier; this machine's engine tier is {tier}"
+    if entry.cpu_isa is not None:
+        wanted, negated = entry.cpu_isa.removeprefix("not ").strip(), entry.cpu_isa.startswith("not ")
+        have = machine().cpu_isa
+        if at_least(have, wanted) == negated:
+            return f"entry for CPUs of ISA class {entry.cpu_isa}; this machine's class is {have or 'unknown'}"
     if entry.gpu is not None:
         key = machine().hardware_key
         if not matches_gpu_class(key, entry.gpu):

@@ -71,6 +71,7 @@ from vramgate.testing.claims import check_claims
 from vramgate.testing.engines import (
     PRESSURE_SPEC,
     SMALL_RUN_BLOCK_SIZE,
+    SMALL_RUN_BLOCK_SIZE_AMX,
     SMALL_RUN_BUDGET_GIB,
     UNPAIRED_LATENCY_TOLERANCE,
     Engine,
@@ -108,6 +109,7 @@ __all__ = [
     "PRESSURE_SPEC",
     "SCHEMES",
     "SMALL_RUN_BLOCK_SIZE",
+    "SMALL_RUN_BLOCK_SIZE_AMX",
     "SMALL_RUN_BUDGET_GIB",
     "TORCH_FLASH_EXTRA",
     "UNPAIRED_LATENCY_TOLERANCE",

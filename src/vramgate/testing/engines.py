@@ -97,11 +97,21 @@ SMALL_RUN_BLOCK_SIZE = {
     "cpu": {"tiny-llama": 32, "tiny-deepseek-v2": 16},
     "gpu": {"tiny-llama": 16, "tiny-deepseek-v2": 16},
 }
+#: The same on a CPU with AMX, where vLLM runs MLA with AMX_MLA, which takes multiples of 32 (Note [CPU MLA
+#: backends] in :mod:`vramgate.machine.isa`; the matrix's entries with ``cpu_isa = "amx"``).
+SMALL_RUN_BLOCK_SIZE_AMX = {"tiny-llama": 32, "tiny-deepseek-v2": 32}
 
 
 def small_run_block_size(model: str) -> int:
-    """The block size of *model*'s shared small run on this machine's tier (:data:`SMALL_RUN_BLOCK_SIZE`)."""
-    return SMALL_RUN_BLOCK_SIZE[engine_tier()][model]
+    """The block size of *model*'s shared small run on this machine's tier (:data:`SMALL_RUN_BLOCK_SIZE`; on a
+    CPU whose MLA backend is AMX_MLA, :data:`SMALL_RUN_BLOCK_SIZE_AMX`)."""
+    tier = engine_tier()
+    if tier == "cpu":
+        from vramgate.machine import isa
+
+        if isa.mla_backend(isa.effective_isa()) == "AMX_MLA":
+            return SMALL_RUN_BLOCK_SIZE_AMX[model]
+    return SMALL_RUN_BLOCK_SIZE[tier][model]
 
 
 def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:

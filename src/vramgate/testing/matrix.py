@@ -150,7 +150,7 @@ def session_machine(config: pytest.Config, tier: str) -> Callable[[], Machine]:
         from vramgate.pytest_plugin.plugin import gate_session
 
         fp = gate_session(config).fingerprint
-        return Machine(tier, fp.key, len(fp.gpus))
+        return Machine(tier, fp.key, len(fp.gpus), fp.isa or "")
 
     return machine
 

@@ -96,7 +96,8 @@ def runnable_candidate(reference: EngineSpec, profile: Profile, use_mla: bool) -
         problem = cpu_backend_problem(reference.replace(kv_cache_dtype=dtype), use_mla)
         if problem:
             pytest.skip(f"profile {profile.name} on this tier: {problem}")
-    problem = kernel_problem(candidate.replace(engine_args={**profile.engine_args, **candidate.engine_args}))
+    problem = kernel_problem(candidate.replace(engine_args={**profile.engine_args, **candidate.engine_args}),
+                             use_mla=use_mla)
     if problem:
         pytest.skip(f"not on this machine: profile {profile.name}: {problem}")
     return candidate

@@ -67,7 +67,7 @@ def coverage(matrix: Matrix, root: Path) -> list[dict[str, Any]]:
     @functools.cache
     def machine() -> Machine:
         fp = hardware.detect()
-        return Machine(tier, fp.key, len(fp.gpus))
+        return Machine(tier, fp.key, len(fp.gpus), fp.isa or "")
 
     rows = []
     for entry in matrix.entries:
