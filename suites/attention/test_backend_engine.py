@@ -44,7 +44,8 @@ def block_size_of(profile: Profile | None, default: int) -> int:
 def gpu_tier_only() -> None:
     """Skip on the CPU tier: these cases measure CUDA backends."""
     if engine_tier() == "cpu":
-        pytest.skip("GPU tier: the attention profiles force CUDA MLA backends; vLLM's CPU build has CPU_MLA only")
+        pytest.skip("GPU tier: the attention profiles force CUDA MLA backends; vLLM's CPU build has CPU_MLA and "
+                    "AMX_MLA only")
 
 
 @pytest.mark.gate_profiles("attention", reference="automatic")
