@@ -257,6 +257,34 @@ def test_the_per_gate_run_analysis_applies_the_gates_rules_and_its_second_look()
     assert noisy["profiles"]["q"]["unchanged"]["fails"] == pytest.approx(4.0)
 
 
+def test_the_campaigns_own_unchanged_trials_serve_as_recorded_baselines() -> None:
+    """Without stored baselines, ``own_history`` takes each other unchanged trial of the profile as the baseline in
+    turn (a baseline recorded on this machine is one engine pair's unchanged look): a change of +15% fails history
+    against every one of them, and one unchanged engine pair that ran 12% fast its whole life, as the baseline, makes
+    the others' first looks fail history, which their second looks (fresh engines, against the same baseline) do too."""
+    from vramgate.tools.calibration.gate_paired import Rules, TrialData, analyze
+
+    rng = random.Random(5)
+
+    def trial(condition: str, index: int, ratio: float) -> TrialData:
+        ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(30)]
+        return TrialData("p", condition, index, ref, [r * ratio * rng.lognormvariate(0, 0.01) for r in ref], True)
+
+    rules = Rules(0.5, 0.05, 0.10)  # an in-run tolerance no trial reaches: history alone decides
+    plain = [trial("unchanged", i, 1.0) for i in range(5)] + [trial("delay-10%", 10 + i, 1.15) for i in range(4)]
+    result = analyze(plain, rules=rules, own_history=True)
+    assert result["own_history"] == ["p"]
+    unchanged, delayed = result["profiles"]["p"]["unchanged"], result["profiles"]["p"]["delay-10%"]
+    assert unchanged["first_look_fails"] == 0 and unchanged["fails"] == 0
+    assert delayed["first_look_by_check"]["history"] == pytest.approx(4.0) and delayed["fails"] == pytest.approx(4.0)
+    assert analyze(plain, rules=rules)["profiles"]["p"]["delay-10%"]["fails"] == 0  # no baselines: in-run only
+    fast = analyze([*plain, trial("unchanged", 9, 0.88)], rules=rules, own_history=True)["profiles"]["p"]["unchanged"]
+    # each of the 5 plain trials fails against the fast one (1 of its 5 baselines); the fast one, 12% faster than
+    # every other, is never worse (history is one-sided)
+    assert fast["first_look_by_check"]["history"] == pytest.approx(5 * (1 / 5))
+    assert 0 < fast["fails"] <= fast["first_look_fails"]
+
+
 def test_the_noise_model_fits_the_trials_and_predicts_the_rules_outcomes() -> None:
     from vramgate.tools.calibration.gate_paired import NoiseModel, Rules, TrialData, simulate
 

@@ -319,13 +319,45 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
         "first_look_by_check": {c: sum(1 for f in first if c in f) for c in ("in-run", "noise", "history")},
         "fails": sum(verdicts),
         "fails_per_first_look": [bool(f) for f in first],
+        "fails_per_trial": verdicts,
     }
 
 
+def judge_against_own(group: Sequence[TrialData], unchanged: Sequence[TrialData], rules: Rules) -> dict[str, Any]:
+    """:func:`judge_group` with each of *unchanged* but the judged trial itself (another engine pair's unchanged look
+    of the profile, as a baseline recorded on this machine is) as the stored baseline in turn; a failing first look's
+    second looks are the other trials but those two. Counts are means over the choices (fractions of trials)."""
+    out = judge_group(group, rules, None)  # the descriptive figures; the counts are replaced below
+    by = dict.fromkeys(out["first_look_by_check"], 0.0)
+    per_first, per_fail = [], []
+    for i, t in enumerate(group):
+        bases = [u for u in unchanged if u.index != t.index]
+        first_rate = fail_rate = 0.0
+        for b in bases:
+            base = [c / r for r, c in zip(b.ref, b.cand, strict=True)]
+            first = rules.fails(t.ref, t.cand, base)
+            if not first:
+                continue
+            first_rate += 1 / len(bases)
+            for check in first:
+                by[check] += 1 / len(bases)
+            others = [u for u in group if u.index not in (t.index, b.index)]
+            fail_rate += (sum(rules.confirms(t, u, base) for u in others) / len(others) if others else 1.0) / len(bases)
+        if not bases:  # no other unchanged trial: judged without a baseline
+            first_rate, fail_rate = float(out["fails_per_first_look"][i]), out["fails_per_trial"][i]
+        per_first.append(first_rate)
+        per_fail.append(fail_rate)
+    out.update(first_look_fails=sum(per_first), first_look_by_check=by, fails_per_first_look=per_first,
+               fails=sum(per_fail), fails_per_trial=per_fail, history_baselines=len(unchanged))
+    return out
+
+
 def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | None = None,
-            rules: Rules | None = None, model_runs: int = 0) -> dict[str, Any]:
+            rules: Rules | None = None, model_runs: int = 0, *, own_history: bool = False) -> dict[str, Any]:
     """The gate's rules applied to *trials* (Note [per-gate-run campaign]); *baselines*: each profile's stored
-    samples of the paired test's metric on this machine's key, where it has them.
+    samples of the paired test's metric on this machine's key, where it has them; *own_history*: a profile
+    without them takes each of its unchanged trials in turn as the stored baseline (:func:`judge_against_own`:
+    what a baseline recorded on this machine gives), and the per-gate-run figures are then estimates.
 
     Per gate run, the k-th unchanged trial of every profile is one gate run's set of paired tests: its first looks
     fail when any does (a count with an exact bound, no model), and it fails with probability 1 - prod(1 - p) over
@@ -341,14 +373,18 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     profiles: dict[str, dict[str, Any]] = {}
     for (profile, condition), group in sorted(by.items()):
         base = (baselines or {}).get(profile)
-        profiles.setdefault(profile, {})[condition] = judge_group(group, rules, base)
+        if own_history and not base:
+            judged = judge_against_own(group, by.get((profile, "unchanged"), []), rules)
+        else:
+            judged = judge_group(group, rules, base)
+        profiles.setdefault(profile, {})[condition] = judged
     models: dict[str, dict[str, float]] = {}
     if model_runs:
         for (profile, condition), group in sorted(by.items()):
             if condition != "unchanged" or len(group) < 2:
                 continue
             model = NoiseModel.fit(group)
-            history = bool((baselines or {}).get(profile))
+            history = bool((baselines or {}).get(profile)) or own_history
             models[profile] = {
                 "effect": model.effect, "between": model.between, "runs": model_runs,
                 "false_alarms": simulate(model, rules, runs=model_runs, history=history),
@@ -356,13 +392,21 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
             }
     unchanged = [p["unchanged"] for p in profiles.values() if "unchanged" in p]
     runs = min((u["trials"] for u in unchanged), default=0)
-    failed_runs = sum(1 for k in range(runs) if any(u["fails_per_first_look"][k] for u in unchanged))
+    # a run's first looks fail when any does (with own baselines each look's rate is a mean over them: expected runs)
+    failed_runs: float = 0.0
+    for k in range(runs):
+        clear = 1.0
+        for u in unchanged:
+            clear *= 1 - float(u["fails_per_first_look"][k])
+        failed_runs += 1 - clear
     survive = 1.0
     for u in unchanged:
         survive *= 1 - u["fails"] / u["trials"]
+    own = sorted(p for p, c in profiles.items() if "history_baselines" in c.get("unchanged", {}))
     return {"rules": {"tolerance": rules.tolerance, "alpha": rules.alpha, "history_tolerance": rules.history_tolerance},
             "profiles": profiles, "models": models, "gate_runs": runs, "gate_runs_first_look_failed": failed_runs,
-            "gate_run_false_alarm_estimate": 1 - survive, "history_baselines": sorted(baselines or {})}
+            "gate_run_false_alarm_estimate": 1 - survive, "history_baselines": sorted(baselines or {}),
+            "own_history": own}
 
 
 @dataclass(frozen=True)
@@ -428,7 +472,9 @@ def render(result: dict[str, Any]) -> str:
     r = result["rules"]
     lines = [f"Statistic `{result.get('stat', 'step')}`. In-run tolerance {r['tolerance']:.1%} (alpha {r['alpha']:g}), "
              f"history tolerance "
-             f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}.",
+             f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}"
+             + (f"; the campaign's own unchanged trials as baselines for: {', '.join(result['own_history'])}"
+                if result.get("own_history") else "") + ".",
              "",
              "| profile | condition | trials | ratio, trial medians | SD between trials | largest detectable "
              "shift | first looks failing (in-run / noise / history) | tests failing (after the second look) |",
@@ -437,11 +483,13 @@ def render(result: dict[str, Any]) -> str:
         for condition, e in conditions.items():
             by = e["first_look_by_check"]
             kind = "upper" if condition == "unchanged" else "lower"
-            first = show_rate(e["first_look_fails"], e["trials"], bound=kind)
+            hits = e["first_look_fails"]
+            first = (show_rate(int(hits), e["trials"], bound=kind) if float(hits).is_integer() else
+                     f"{hits:.2f} of {e['trials']} ({hits / e['trials']:.1%}; mean over the baselines)")
             lines.append(
                 f"| {profile} | {condition} | {e['trials']} | {e['ratio_range'][0]:.3f}-{e['ratio_range'][1]:.3f} | "
-                f"{e['between_trials_sd']:.1%} | {e['detectable_shift_max']:.1%} | {first} ({by['in-run']} / "
-                f"{by['noise']} / {by['history']}) | {e['fails']:.2f} of {e['trials']} "
+                f"{e['between_trials_sd']:.1%} | {e['detectable_shift_max']:.1%} | {first} ({by['in-run']:.3g} / "
+                f"{by['noise']:.3g} / {by['history']:.3g}) | {e['fails']:.2f} of {e['trials']} "
                 f"({e['fails'] / e['trials']:.1%}) |")
     models = result.get("models") or {}
     if models:
@@ -449,8 +497,11 @@ def render(result: dict[str, Any]) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {p} | {math.exp(m['effect']):.3f} | {m['between']:.1%} | {m['false_alarms']:.1%} | "
                   f"{m['detection']:.1%} (of {m['runs']} simulated tests) |" for p, m in models.items()]
+    failed = result["gate_runs_first_look_failed"]
+    shown = (show_rate(int(failed), result["gate_runs"]) if float(failed).is_integer() else
+             f"{failed:.2f} of {result['gate_runs']} (expected, over the baselines)")
     lines += ["", f"Gate runs (one unchanged trial of each profile): first looks failed in "
-              f"{show_rate(result['gate_runs_first_look_failed'], result['gate_runs'])}; estimated false alarms per "
+              f"{shown}; estimated false alarms per "
               f"gate run after the second look: {result['gate_run_false_alarm_estimate']:.2%}."]
     return "\n".join(lines)
 
@@ -493,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--json", type=Path, help="also write the analysis here")
     z.add_argument("--stat", help="the trials of this statistic (default: the CPU tier's)")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
+    z.add_argument("--own-history", action="store_true",
+                   help="a profile without stored baselines takes each of its unchanged trials in turn as one")
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.command == "run":
@@ -509,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trials:
         raise SystemExit(f"no trials of the statistic {stat!r} in {', '.join(map(str, args.folders))}")
     result = analyze(trials, stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None, rules,
-                     args.model_runs)
+                     args.model_runs, own_history=args.own_history)
     result["stat"] = stat
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
