@@ -94,15 +94,21 @@ def test_an_automatic_spec_needs_the_tiers_memory() -> None:
 def test_the_project_matrix_serves_on_both_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The serving capacity cases a CPU box and a GPU runner (an H100, faked) get from vramgate.toml, each spec
     without a KV budget and with the tier's memory: what --gate-plan lists on such a runner."""
+    from vramgate.machine import isa
     from vramgate.matrix import Machine, load_matrix
     from vramgate.testing import matrix as testing_matrix
 
     matrix = load_matrix(ROOT / "vramgate.toml", ROOT)
     argnames = ["model", "block_size", "kv_cache_dtype", "matrix_case"]
-    for tier, ids, memory in (("cpu", ["tiny-llama-bs32", "tiny-deepseek-v2-bs16"], "cpu_memory_bytes"),
-                              ("gpu", ["tiny-llama-bs16", "tiny-deepseek-v2-bs16"], "gpu_memory_utilization")):
+    # a CPU without AMX and one with it (vLLM's MLA backends take other block sizes: Note [CPU MLA backends])
+    boxes = (("cpu", "avx512-bf16", ["tiny-llama-bs32", "tiny-deepseek-v2-bs16"], "cpu_memory_bytes"),
+             ("cpu", "amx", ["tiny-llama-bs32", "tiny-deepseek-v2-bs32"], "cpu_memory_bytes"),
+             ("gpu", "", ["tiny-llama-bs16", "tiny-deepseek-v2-bs16"], "gpu_memory_utilization"))
+    for tier, cls, ids, memory in boxes:
+        monkeypatch.setattr(isa, "effective_isa", lambda cls=cls: cls)
         params = testing_matrix.matrix_params(matrix, "serving_capacity", argnames, "{model}-bs{block_size}", "t",
-                                              tier, ROOT, lambda tier=tier: Machine(tier, "nvidia-h100-80gb-x1", 1))
+                                              tier, ROOT,
+                                              lambda tier=tier, cls=cls: Machine(tier, "nvidia-h100-80gb-x1", 1, cls))
         assert [p.id for p in params] == ids
         for p in params:
             case = p.values[-1]

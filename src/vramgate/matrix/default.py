@@ -124,7 +124,20 @@ max_concurrency = ">= 500"
 suites = ["serving_capacity"]
 model = "tiny-deepseek-v2"
 tier = "cpu"
+cpu_isa = "not amx"
 block_size = 16
+nightly = "the MLA model's serving capacity: the same warm-up and sizing path as tiny-llama's"
+[entries.serving]
+cpu_memory = "2 GiB"
+max_model_len = 2048
+max_num_seqs = 32
+
+[[entries]]
+suites = ["serving_capacity"]
+model = "tiny-deepseek-v2"
+tier = "cpu"
+cpu_isa = "amx"
+block_size = 32
 nightly = "the MLA model's serving capacity: the same warm-up and sizing path as tiny-llama's"
 [entries.serving]
 cpu_memory = "2 GiB"
