@@ -207,6 +207,28 @@ def test_a_further_check_that_fails_takes_the_second_look() -> None:
         "the verdict"]
 
 
+def test_a_run_that_records_the_baseline_pools_two_engine_pairs() -> None:
+    """Note [baselines of two engine pairs]: where the first look's rounds would become the stored baseline, the
+    second look is taken although the first passed, and the pooled rounds of both are the verdict (and so the
+    baseline); where nothing is recorded a passing first look stays the verdict."""
+    from vramgate.engine import confirmed_rounds, paired_defaults
+
+    asked: list[int] = []
+
+    def records(stat: str, ref: Sequence[float], cand: Sequence[float]) -> bool:
+        asked.append(len(ref))
+        return True
+
+    fake = _FakeLooks(0.0, 0.0)
+    ref, cand, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=records)
+    assert fake.calls == [0, 1] and len(ref) == len(cand) == 60 and asked == [30]  # asked of the first look only
+    assert lines[1].startswith("recording a baseline: a second look (fresh engines) is taken")
+    assert lines[-1].startswith("pooled (the verdict): 60 pairs") and "not worse" in lines[-1]
+    fake = _FakeLooks(0.0)
+    ref, _, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=lambda *_: False)
+    assert fake.calls == [0] and len(ref) == 30 and len(lines) == 1
+
+
 def test_vllms_ipc_sockets_fit_a_unix_socket_path_under_a_deep_run_folder(tmp_path: Path) -> None:
     """Note [IPC socket path]: a tensor-parallel engine's message queues (and a server's engine core) bind
     ``ipc://{VLLM_RPC_BASE_PATH}/{uuid4}``; under the run's own temporary folder that is past 107 bytes."""

@@ -116,3 +116,27 @@ def test_a_quiet_run_is_judged_and_recorded_and_its_checks_see_the_stored_baseli
     same.assert_outcomes(passed=1)
     assert "CHECK False against the baseline: step_ratio" in same.stdout.str()
     assert ": ok" in same.stdout.str()
+
+
+WRITES_FILE = """
+def test_ratio(gate):
+    ref, cand = [0.01, 0.0101, 0.0099] * 10, [0.0101, 0.01, 0.01] * 10
+    print("WRITES", gate.writes_paired_baseline("step_ratio", ref, cand, tolerance=0.075, alpha=0.05,
+                                                history_tolerance=0.1))
+    gate.record_paired("step_ratio", ref, cand, tolerance=0.075, alpha=0.05, history_tolerance=0.1)
+"""
+
+
+def test_a_paired_test_knows_when_its_rounds_become_the_baseline(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [baselines of two engine pairs]: ``writes_paired_baseline`` says whether the end of the test writes the
+    metric as a baseline: under --gate-update, and under --gate-missing record where none is stored."""
+    pytester.makepyfile(test_paired=WRITES_FILE)
+    assert "WRITES False" in _run(pytester, monkeypatch, "--gate-missing", "skip").stdout.str()
+    assert not _baseline(pytester).exists()
+    assert "WRITES True" in _run(pytester, monkeypatch, "--gate-missing", "record").stdout.str()
+    assert _baseline(pytester).exists()
+    assert "WRITES False" in _run(pytester, monkeypatch, "--gate-missing", "record").stdout.str()  # stored now
+    assert "WRITES True" in _run(pytester, monkeypatch, "--gate-update").stdout.str()
+    assert "WRITES False" in _run(pytester, monkeypatch, "--gate-update", "--gate-update-scope",
+                                  "portable").stdout.str()  # a machine-bound ratio is not written then

@@ -1,5 +1,6 @@
 """The second look of a paired measurement (Note [second look]): when a first look's verdict stands, when a second
-look with fresh engines is taken, and which samples are the verdict; each look's in-run check (:func:`look`)."""
+look with fresh engines is taken (after a failing first look, and where a baseline is recorded: Note [baselines of
+two engine pairs]), and which samples are the verdict; each look's in-run check (:func:`look`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ from vramgate.engine.paired import PairedDefaults
 Also = Callable[[str, Sequence[float], Sequence[float]], Sequence[tuple[str, bool]]]
 
 
+#: Whether a look's samples of a statistic become a stored baseline when the test passes
+#: (``Gate.writes_paired_baseline``): ``records(statistic, reference samples, candidate samples)``.
+Records = Callable[[str, Sequence[float], Sequence[float]], bool]
+
+
 def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], settings: PairedDefaults, *,
-                     also: Also | None = None) -> tuple[list[float], list[float], list[str]]:
+                     also: Also | None = None, records: Records | None = None
+                     ) -> tuple[list[float], list[float], list[str]]:
     """The reference's and the candidate's per-round statistic, with a second look when the first fails, and a
     line per look saying what it found. ``take(n)`` takes look *n* (0, then 1): :attr:`PairedDefaults.rounds`
     round pairs of fresh engines.
@@ -36,22 +43,34 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     rarer by the square. A false alarm needs three failing judgements, so no level is spent twice: its rate is at
     most the product of the two looks' rates. A real regression is in every engine pair. A first look that
     passes is the verdict: the second look costs time only on a failure.
+
+    Note [baselines of two engine pairs]: a run that records the test's baseline (*records*) takes both looks
+    whatever the first found, and stores their pooled rounds. A baseline from one engine pair carries that pair's
+    offset into every later comparison, and a second look cannot clear it, since both looks meet the same
+    baseline: on a 2-core Intel Xeon with AMX, taking each unchanged trial of the per-gate-run campaign as the
+    baseline in turn, one engine pair that ran 9% fast made later unchanged looks fail the history check and their
+    second looks confirm it (1.7% of `block-manager-min-recompute`'s tests); baselines of two trials' pooled
+    rounds gave none, and 2.49% false alarms per gate run became 0.83% (5.3% and 3.2% on the EPYC's trials), with
+    the same detection (docs/calibration.md). It costs time only when a baseline is recorded.
     """
     stat = settings.stat
     lines, ref, cand = looks_until_verdict(lambda n: {stat: take(n)}, {stat: settings.tolerance}, settings.alpha,
-                                           also=also)
+                                           also=also, records=records)
     return ref[stat], cand[stat], lines
 
 
 def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float], Sequence[float]]]],
-                        tolerances: Mapping[str, float], alpha: float, *, also: Also | None = None
+                        tolerances: Mapping[str, float], alpha: float, *, also: Also | None = None,
+                        records: Records | None = None
                         ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
     """Note [second look] for any paired measurement: ``run(n)`` takes look *n* (0, then 1) and gives, per
     statistic, the reference's and the candidate's samples; each statistic is judged in-run at its tolerance
     (:func:`look`) and by *also*. A first look where no check fails is the verdict; otherwise a second look is
     taken: where it passes, its samples are the verdict (they pass); where it fails too, the pooled samples of
-    both are (they fail where the pooled evidence still says so). The lines say what each look found; the
-    verdict's samples come back."""
+    both are (they fail where the pooled evidence still says so). Where the first look's samples of a statistic
+    would become a stored baseline (*records*), the second look is taken whatever the first found and the pooled
+    samples of both are the verdict (Note [baselines of two engine pairs]). The lines say what each look found;
+    the verdict's samples come back."""
     ref: dict[str, list[float]] = {k: [] for k in tolerances}
     cand: dict[str, list[float]] = {k: [] for k in tolerances}
     lines: list[str] = []
@@ -68,13 +87,19 @@ def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float],
         return bad
 
     looks: list[dict[str, tuple[Sequence[float], Sequence[float]]]] = []
+    recording = False
     for n, name in enumerate(("first look", "second look")):
         looks.append(dict(run(n)))
         worse = False
         for key in tolerances:
             r, c = looks[n][key]
             worse = judge(name, key, r, c) or worse
-        if not worse:  # the first look passed, or the second did and clears it
+            recording = recording or (not n and records is not None and records(key, r, c))
+        if recording and not n:
+            lines.append("recording a baseline: a second look (fresh engines) is taken, and the pooled rounds of "
+                         "both are the verdict and the baseline (Note [baselines of two engine pairs])")
+            continue
+        if not worse and not recording:  # the first look passed, or the second did and clears it
             if n:
                 lines.append("the verdict: the second look (fresh engines) passed; its rounds are the verdict")
             return lines, {k: list(looks[n][k][0]) for k in tolerances}, {k: list(looks[n][k][1]) for k in tolerances}

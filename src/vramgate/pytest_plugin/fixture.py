@@ -39,6 +39,8 @@ class Gate:
         self.budgets_applied: list[str] = []
         """The budgets given with :meth:`budget` that a recorded metric took, as a person reads them."""
         self.previewer: Callable[[Metric], Finding] | None = None
+        self.baseline_writer: Callable[[Metric], bool] | None = None
+        """Whether the session writes a metric as a baseline when this test passes (set by the plugin)."""
         """What the end of the test would find of a metric now, against its stored baseline (set by the plugin:
         ``GateSession.preview``); None outside a gate session."""
 
@@ -184,6 +186,18 @@ class Gate:
                 out.append((f"against the baseline: {name} {metric.value:.4g}{base} ({change}{found.detail or '-'}):"
                             f" {found.verdict}", found.verdict == "regressed"))
         return out
+
+    def writes_paired_baseline(self, name: str, reference: Iterable[float], candidate: Iterable[float], *,
+                               better: Better = "lower", tolerance: float, alpha: float = 0.01,
+                               history_tolerance: float | None = None) -> bool:
+        """Whether :meth:`record_paired` of these samples would become a stored baseline when the test passes
+        (``--gate-update``, or ``--gate-missing record`` with none stored): a paired test then takes both looks
+        (Note [baselines of two engine pairs] in :mod:`vramgate.engine.looks`)."""
+        if self.baseline_writer is None:
+            return False
+        metric = self._paired(name, reference, candidate, better=better, tolerance=tolerance, alpha=alpha,
+                              history_tolerance=history_tolerance, ceiling=None, looks=())
+        return self.baseline_writer(metric)
 
     def _paired(self, name: str, reference: Iterable[float], candidate: Iterable[float], *, better: Better,
                 tolerance: float, alpha: float, history_tolerance: float | None, ceiling: float | None,

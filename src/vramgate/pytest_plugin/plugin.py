@@ -145,6 +145,7 @@ def gate(request: pytest.FixtureRequest) -> Gate:
     item = request.node
     recorder = Gate(item.nodeid, session.suite_for(item), session.gpus_used(item))
     recorder.previewer = lambda metric: session.preview(recorder, metric)
+    recorder.baseline_writer = lambda metric: session.writes_baseline(recorder, metric)
     item.stash[GATE_KEY] = recorder
     return recorder
 

@@ -296,6 +296,19 @@ class GateSession:
             self._queue_update(result, scope, entry, recorder.gpus)
         return result
 
+    def writes_baseline(self, recorder: Gate, metric: Metric) -> bool:
+        """Whether the end of *recorder*'s test, if it passes, writes *metric* as a baseline (``--gate-update``, or
+        ``--gate-missing record`` where none is stored): a paired test then pools two engine pairs' looks into it
+        (Note [baselines of two engine pairs] in :mod:`vramgate.engine.looks`)."""
+        if not metric.history or (self.computed_tier and metric.effective_scope == "machine"):
+            return False
+        if self.update_scope not in ("all", metric.effective_scope):
+            return False
+        if self.update:
+            return True
+        entry = self._entry(self.key_for(metric.effective_scope, recorder.gpus), recorder.suite, recorder.nodeid)
+        return self.missing == "record" and (entry is None or metric.name not in entry.metrics)
+
     def preview(self, recorder: Gate, metric: Metric) -> Finding:
         """What the end of the test would find of *metric* now, against the stored baseline, recording nothing:
         how a test takes a second look before the history check fails it (Note [second look] in

@@ -156,7 +156,11 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
         return gate.paired_checks(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha,
                                   history_tolerance=settings.history_tolerance)
 
-    reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also)
+    def records(_: str, ref: Sequence[float], cand: Sequence[float]) -> bool:
+        return gate.writes_paired_baseline(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha,
+                                           history_tolerance=settings.history_tolerance)
+
+    reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also, records=records)
     looks += quiet_lines
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
     assert len(reference_rounds) == len(candidate_rounds) in (settings.rounds, 2 * settings.rounds)

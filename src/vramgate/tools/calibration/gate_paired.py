@@ -484,7 +484,7 @@ def render(result: dict[str, Any]) -> str:
             by = e["first_look_by_check"]
             kind = "upper" if condition == "unchanged" else "lower"
             hits = e["first_look_fails"]
-            first = (show_rate(int(hits), e["trials"], bound=kind) if float(hits).is_integer() else
+            first = (show_rate(round(hits), e["trials"], bound=kind) if abs(hits - round(hits)) < 1e-9 else
                      f"{hits:.2f} of {e['trials']} ({hits / e['trials']:.1%}; mean over the baselines)")
             lines.append(
                 f"| {profile} | {condition} | {e['trials']} | {e['ratio_range'][0]:.3f}-{e['ratio_range'][1]:.3f} | "
@@ -498,7 +498,7 @@ def render(result: dict[str, Any]) -> str:
         lines += [f"| {p} | {math.exp(m['effect']):.3f} | {m['between']:.1%} | {m['false_alarms']:.1%} | "
                   f"{m['detection']:.1%} (of {m['runs']} simulated tests) |" for p, m in models.items()]
     failed = result["gate_runs_first_look_failed"]
-    shown = (show_rate(int(failed), result["gate_runs"]) if float(failed).is_integer() else
+    shown = (show_rate(round(failed), result["gate_runs"]) if abs(failed - round(failed)) < 1e-9 else
              f"{failed:.2f} of {result['gate_runs']} (expected, over the baselines)")
     lines += ["", f"Gate runs (one unchanged trial of each profile): first looks failed in "
               f"{shown}; estimated false alarms per "
