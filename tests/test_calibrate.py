@@ -278,11 +278,15 @@ def test_the_campaigns_own_unchanged_trials_serve_as_recorded_baselines() -> Non
     assert unchanged["first_look_fails"] == 0 and unchanged["fails"] == 0
     assert delayed["first_look_by_check"]["history"] == pytest.approx(4.0) and delayed["fails"] == pytest.approx(4.0)
     assert analyze(plain, rules=rules)["profiles"]["p"]["delay-10%"]["fails"] == 0  # no baselines: in-run only
-    fast = analyze([*plain, trial("unchanged", 9, 0.88)], rules=rules, own_history=True)["profiles"]["p"]["unchanged"]
+    with_fast = [*plain, trial("unchanged", 9, 0.88)]
+    fast = analyze(with_fast, rules=rules, own_history=True, baseline_pairs=1)["profiles"]["p"]["unchanged"]
     # each of the 5 plain trials fails against the fast one (1 of its 5 baselines); the fast one, 12% faster than
     # every other, is never worse (history is one-sided)
     assert fast["first_look_by_check"]["history"] == pytest.approx(5 * (1 / 5))
     assert 0 < fast["fails"] <= fast["first_look_fails"]
+    # Note [baselines of two engine pairs]: pooled with another engine pair, the fast one moves no baseline by 10%
+    pooled = analyze(with_fast, rules=rules, own_history=True)["profiles"]["p"]["unchanged"]
+    assert pooled["baseline_pairs"] == 2 and pooled["first_look_fails"] == 0 and pooled["fails"] == 0
 
 
 def test_the_noise_model_fits_the_trials_and_predicts_the_rules_outcomes() -> None:

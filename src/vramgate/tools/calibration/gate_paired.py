@@ -323,41 +323,57 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
     }
 
 
-def judge_against_own(group: Sequence[TrialData], unchanged: Sequence[TrialData], rules: Rules) -> dict[str, Any]:
-    """:func:`judge_group` with each of *unchanged* but the judged trial itself (another engine pair's unchanged look
-    of the profile, as a baseline recorded on this machine is) as the stored baseline in turn; a failing first look's
-    second looks are the other trials but those two. Counts are means over the choices (fractions of trials)."""
+#: Engine pairs a recorded baseline of a paired test pools (Note [baselines of two engine pairs] in
+#: :mod:`vramgate.engine.looks`).
+BASELINE_PAIRS = 2
+#: The most baselines :func:`judge_against_own` tries per judged trial.
+MAX_BASELINES = 40
+
+
+def judge_against_own(group: Sequence[TrialData], unchanged: Sequence[TrialData], rules: Rules,
+                      pairs: int = BASELINE_PAIRS) -> dict[str, Any]:
+    """:func:`judge_group` against baselines made of *pairs* of the profile's *unchanged* trials but the judged one
+    (other engine pairs' unchanged looks, pooled, as the gate records a baseline on this machine), each such
+    baseline in turn (at most :data:`MAX_BASELINES`, evenly spread); a failing first look's second looks are the
+    other trials but those. Counts are means over the baselines (fractions of trials)."""
+    import itertools
+
     out = judge_group(group, rules, None)  # the descriptive figures; the counts are replaced below
     by = dict.fromkeys(out["first_look_by_check"], 0.0)
     per_first, per_fail = [], []
     for i, t in enumerate(group):
-        bases = [u for u in unchanged if u.index != t.index]
+        combos = list(itertools.combinations([u for u in unchanged if u.index != t.index], pairs))
+        bases = combos[::max(1, -(-len(combos) // MAX_BASELINES))]
         first_rate = fail_rate = 0.0
-        for b in bases:
-            base = [c / r for r, c in zip(b.ref, b.cand, strict=True)]
+        for chosen in bases:
+            base = [c / r for b in chosen for r, c in zip(b.ref, b.cand, strict=True)]
             first = rules.fails(t.ref, t.cand, base)
             if not first:
                 continue
             first_rate += 1 / len(bases)
             for check in first:
                 by[check] += 1 / len(bases)
-            others = [u for u in group if u.index not in (t.index, b.index)]
+            used = {t.index, *(b.index for b in chosen)}
+            others = [u for u in group if u.index not in used]
             fail_rate += (sum(rules.confirms(t, u, base) for u in others) / len(others) if others else 1.0) / len(bases)
-        if not bases:  # no other unchanged trial: judged without a baseline
+        if not bases:  # too few other unchanged trials: judged without a baseline
             first_rate, fail_rate = float(out["fails_per_first_look"][i]), out["fails_per_trial"][i]
         per_first.append(first_rate)
         per_fail.append(fail_rate)
     out.update(first_look_fails=sum(per_first), first_look_by_check=by, fails_per_first_look=per_first,
-               fails=sum(per_fail), fails_per_trial=per_fail, history_baselines=len(unchanged))
+               fails=sum(per_fail), fails_per_trial=per_fail, history_baselines=len(unchanged),
+               baseline_pairs=pairs)
     return out
 
 
 def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | None = None,
-            rules: Rules | None = None, model_runs: int = 0, *, own_history: bool = False) -> dict[str, Any]:
+            rules: Rules | None = None, model_runs: int = 0, *, own_history: bool = False,
+            baseline_pairs: int = BASELINE_PAIRS) -> dict[str, Any]:
     """The gate's rules applied to *trials* (Note [per-gate-run campaign]); *baselines*: each profile's stored
     samples of the paired test's metric on this machine's key, where it has them; *own_history*: a profile
-    without them takes each of its unchanged trials in turn as the stored baseline (:func:`judge_against_own`:
-    what a baseline recorded on this machine gives), and the per-gate-run figures are then estimates.
+    without them takes its unchanged trials, *baseline_pairs* pooled at a time, as the stored baseline in turn
+    (:func:`judge_against_own`: what a baseline recorded on this machine gives), and the per-gate-run figures
+    are then estimates.
 
     Per gate run, the k-th unchanged trial of every profile is one gate run's set of paired tests: its first looks
     fail when any does (a count with an exact bound, no model), and it fails with probability 1 - prod(1 - p) over
@@ -374,7 +390,7 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     for (profile, condition), group in sorted(by.items()):
         base = (baselines or {}).get(profile)
         if own_history and not base:
-            judged = judge_against_own(group, by.get((profile, "unchanged"), []), rules)
+            judged = judge_against_own(group, by.get((profile, "unchanged"), []), rules, baseline_pairs)
         else:
             judged = judge_group(group, rules, base)
         profiles.setdefault(profile, {})[condition] = judged
@@ -385,10 +401,12 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
                 continue
             model = NoiseModel.fit(group)
             history = bool((baselines or {}).get(profile)) or own_history
+            pooled = baseline_pairs if own_history else 1  # a stored baseline's pairs are not known here
             models[profile] = {
                 "effect": model.effect, "between": model.between, "runs": model_runs,
-                "false_alarms": simulate(model, rules, runs=model_runs, history=history),
-                "detection": simulate(model, rules, runs=model_runs, history=history, shift=PLANTED),
+                "false_alarms": simulate(model, rules, runs=model_runs, history=history, baseline_pairs=pooled),
+                "detection": simulate(model, rules, runs=model_runs, history=history, shift=PLANTED,
+                                      baseline_pairs=pooled),
             }
     unchanged = [p["unchanged"] for p in profiles.values() if "unchanged" in p]
     runs = min((u["trials"] for u in unchanged), default=0)
@@ -406,7 +424,7 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     return {"rules": {"tolerance": rules.tolerance, "alpha": rules.alpha, "history_tolerance": rules.history_tolerance},
             "profiles": profiles, "models": models, "gate_runs": runs, "gate_runs_first_look_failed": failed_runs,
             "gate_run_false_alarm_estimate": 1 - survive, "history_baselines": sorted(baselines or {}),
-            "own_history": own}
+            "own_history": own, "baseline_pairs": baseline_pairs}
 
 
 @dataclass(frozen=True)
@@ -444,10 +462,10 @@ class NoiseModel:
 
 
 def simulate(model: NoiseModel, rules: Rules, *, rounds: int | None = None, shift: float = 0.0, runs: int = 2000,
-             history: bool = True, seed: int = 0) -> float:
+             history: bool = True, seed: int = 0, baseline_pairs: int = 1) -> float:
     """How often the paired test fails under *model*: a first look, a second (fresh engines) when it fails, the
-    pooled verdict; against a baseline that is another unchanged process's look where *history*. A look has
-    *rounds* pairs (default: the model's)."""
+    pooled verdict; against a baseline of *baseline_pairs* other unchanged engine pairs' looks, pooled, where
+    *history*. A look has *rounds* pairs (default: the model's)."""
     import random
 
     rng = random.Random(seed)
@@ -456,8 +474,10 @@ def simulate(model: NoiseModel, rules: Rules, *, rounds: int | None = None, shif
     for _ in range(runs):
         base = None
         if history:
-            r, c = model.look(rng, rounds)
-            base = [y / x for x, y in zip(r, c, strict=True)]
+            base = []
+            for _ in range(baseline_pairs):
+                r, c = model.look(rng, rounds)
+                base += [y / x for x, y in zip(r, c, strict=True)]
         ref, cand = model.look(rng, rounds, shift)
         if not rules.fails(ref, cand, base):
             continue
@@ -473,7 +493,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [f"Statistic `{result.get('stat', 'step')}`. In-run tolerance {r['tolerance']:.1%} (alpha {r['alpha']:g}), "
              f"history tolerance "
              f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}"
-             + (f"; the campaign's own unchanged trials as baselines for: {', '.join(result['own_history'])}"
+             + (f"; the campaign's own unchanged trials, {result.get('baseline_pairs', 1)} pooled, as baselines "
+               f"for: {', '.join(result['own_history'])}"
                 if result.get("own_history") else "") + ".",
              "",
              "| profile | condition | trials | ratio, trial medians | SD between trials | largest detectable "
@@ -545,7 +566,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--stat", help="the trials of this statistic (default: the CPU tier's)")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
     z.add_argument("--own-history", action="store_true",
-                   help="a profile without stored baselines takes each of its unchanged trials in turn as one")
+                   help="a profile without stored baselines takes its unchanged trials, pooled by --baseline-pairs, "
+                        "in turn as one")
+    z.add_argument("--baseline-pairs", type=int, default=BASELINE_PAIRS,
+                   help="engine pairs (unchanged trials) per baseline of --own-history (the gate records 2)")
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.command == "run":
@@ -562,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trials:
         raise SystemExit(f"no trials of the statistic {stat!r} in {', '.join(map(str, args.folders))}")
     result = analyze(trials, stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None, rules,
-                     args.model_runs, own_history=args.own_history)
+                     args.model_runs, own_history=args.own_history, baseline_pairs=args.baseline_pairs)
     result["stat"] = stat
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
