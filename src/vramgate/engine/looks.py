@@ -48,7 +48,7 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     whatever the first found, and stores their pooled rounds. A baseline from one engine pair carries that pair's
     offset into every later comparison, and a second look cannot clear it, since both looks meet the same
     baseline: on a 2-core Intel Xeon with AMX, taking each unchanged trial of the per-gate-run campaign as the
-    baseline in turn, one engine pair that ran 9% fast made later unchanged looks fail the history check and their
+    baseline in turn, one engine pair that ran 8-9% fast made later unchanged looks fail the history check and their
     second looks confirm it (1.7% of `block-manager-min-recompute`'s tests); baselines of two trials' pooled
     rounds gave none, and 2.49% false alarms per gate run became 0.83% (5.3% and 3.2% on the EPYC's trials), with
     the same detection (docs/calibration.md). It costs time only when a baseline is recorded.
