@@ -50,8 +50,8 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     baseline: on a 2-core Intel Xeon with AMX, taking each unchanged trial of the per-gate-run campaign as the
     baseline in turn, one engine pair that ran 8-9% fast made later unchanged looks fail the history check and their
     second looks confirm it (1.7% of `block-manager-min-recompute`'s tests); baselines of two trials' pooled
-    rounds gave none, and 2.49% false alarms per gate run became 0.83% (5.3% and 3.2% on the EPYC's trials), with
-    the same detection (docs/calibration.md). It costs time only when a baseline is recorded.
+    rounds gave none, and 2.49% false alarms per gate run (estimated) became 0.93% (on the EPYC's trials 5.3%
+    became 3.2%), with the same detection (docs/calibration.md). It costs time only when a baseline is recorded.
     """
     stat = settings.stat
     lines, ref, cand = looks_until_verdict(lambda n: {stat: take(n)}, {stat: settings.tolerance}, settings.alpha,

@@ -39,10 +39,11 @@ class Gate:
         self.budgets_applied: list[str] = []
         """The budgets given with :meth:`budget` that a recorded metric took, as a person reads them."""
         self.previewer: Callable[[Metric], Finding] | None = None
-        self.baseline_writer: Callable[[Metric], bool] | None = None
-        """Whether the session writes a metric as a baseline when this test passes (set by the plugin)."""
         """What the end of the test would find of a metric now, against its stored baseline (set by the plugin:
         ``GateSession.preview``); None outside a gate session."""
+        self.baseline_writer: Callable[[Metric], bool] | None = None
+        """Whether the session writes a metric as a baseline when this test passes (set by the plugin:
+        ``GateSession.writes_baseline``); None outside a gate session."""
 
     def budget(self, metric: str, op: str, value: float, *, unit: str | None = None, text: str = "",
                source: str = "") -> None:
