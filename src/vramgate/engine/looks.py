@@ -49,9 +49,10 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     offset into every later comparison, and a second look cannot clear it, since both looks meet the same
     baseline: on a 2-core Intel Xeon with AMX, taking each unchanged trial of the per-gate-run campaign as the
     baseline in turn, one engine pair that ran 8-9% fast made later unchanged looks fail the history check and their
-    second looks confirm it (1.7% of `block-manager-min-recompute`'s tests); baselines of two trials' pooled
-    rounds gave none, and 2.49% false alarms per gate run (estimated) became 0.93% (on the EPYC's trials 5.3%
-    became 3.2%), with the same detection (docs/calibration.md). It costs time only when a baseline is recorded.
+    second looks confirm it (0.9% of `block-manager-min-recompute`'s tests); baselines of two trials' pooled
+    rounds gave none, and 1.75% false alarms per gate run (estimated, 160 trials) became 0.90% (on the EPYC's trials
+    5.3% became 3.2%), with the same detection (docs/calibration.md). It costs time only when a baseline is
+    recorded.
     """
     stat = settings.stat
     lines, ref, cand = looks_until_verdict(lambda n: {stat: take(n)}, {stat: settings.tolerance}, settings.alpha,
