@@ -171,3 +171,10 @@ def test_an_mla_block_size_of_the_other_cpu_is_unsupported_here(monkeypatch: pyt
     validate(spec, ROOT, tier="cpu")
     with pytest.raises(UnsupportedHere, match="CPU_MLA on this CPU"):
         validate(spec.replace(block_size=32), ROOT, tier="cpu")
+
+
+def test_a_class_selector_takes_a_class_or_its_negation() -> None:
+    assert isa.class_selector("amx") == ("amx", False) and isa.class_selector("not avx512") == ("avx512", True)
+    assert isa.selects("amx", "amx") and not isa.selects("avx512-bf16", "amx") and isa.selects("avx2", "not avx512")
+    with pytest.raises(isa.ISAError, match="unknown ISA class 'amx2'"):
+        isa.class_selector("amx2")

@@ -153,6 +153,23 @@ def kernel_problem(feature: str, isa: str) -> str | None:
     return None
 
 
+def class_selector(text: str) -> tuple[str, bool]:
+    """A CPU class selector (the matrix's ``cpu_isa``): ``"amx"`` (CPUs of that class or above) or ``"not amx"``
+    (those below it) as (class, negated); :class:`ISAError` for a class that is not one of :data:`X86_CLASSES`."""
+    negated = text.startswith("not ")
+    cls = text.removeprefix("not ").strip()
+    if cls not in X86_CLASSES:
+        raise ISAError(f"unknown ISA class {cls!r}; accepted: {', '.join(X86_CLASSES)}, each alone or after \"not \"")
+    return cls, negated
+
+
+def selects(isa: str, selector: str) -> bool:
+    """Whether a CPU of class *isa* is one *selector* (:func:`class_selector`) names; another architecture is below
+    every x86 class."""
+    cls, negated = class_selector(selector)
+    return at_least(isa, cls) != negated
+
+
 def mla_backend(isa: str) -> str:
     """The attention backend vLLM 0.32.0's CPU platform runs an MLA model (DeepSeek-V2/V3) with under *isa*.
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramgate.machine.isa import X86_CLASSES
+from vramgate.machine.isa import ISAError, class_selector
 from vramgate.matrix.suites import suite_rules
 from vramgate.models.config import available_models
 from vramgate.workloads import GENERATORS
@@ -465,12 +465,12 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
         raise r.fail("gpu", f"a GPU class ({gpu!r}) on the cpu tier")
     cpu_isa = r.get("cpu_isa", str)
     if cpu_isa is not None:
-        cls = cpu_isa.removeprefix("not ").strip()
         if tier != "cpu":
             raise r.fail("cpu_isa", f"an ISA class ({cpu_isa!r}) needs tier = \"cpu\"")
-        if cls not in X86_CLASSES:
-            raise r.fail("cpu_isa", f"unknown ISA class {cls!r}; accepted: {', '.join(X86_CLASSES)}, each "
-                                    "alone or after \"not \"")
+        try:
+            class_selector(cpu_isa)
+        except ISAError as exc:
+            raise r.fail("cpu_isa", str(exc)) from None
     tp = r.get("tp", int, 1)
     if tp < 1:
         raise r.fail("tp", f"must be >= 1, got {tp}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vramgate.machine.hardware import matches_gpu_class
-from vramgate.machine.isa import at_least
+from vramgate.machine.isa import selects
 from vramgate.matrix.loader import Entry
 from vramgate.workloads import workloads_dir
 
@@ -42,9 +42,8 @@ def collection_problem(entry: Entry, tier: str, machine: Callable[[], Machine]) 
     if entry.tier is not None and entry.tier != tier:
         return f"entry for the {entry.tier} tier; this machine's engine tier is {tier}"
     if entry.cpu_isa is not None:
-        wanted, negated = entry.cpu_isa.removeprefix("not ").strip(), entry.cpu_isa.startswith("not ")
         have = machine().cpu_isa
-        if at_least(have, wanted) == negated:
+        if not selects(have, entry.cpu_isa):
             return f"entry for CPUs of ISA class {entry.cpu_isa}; this machine's class is {have or 'unknown'}"
     if entry.gpu is not None:
         key = machine().hardware_key
