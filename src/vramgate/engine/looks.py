@@ -51,7 +51,7 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     baseline in turn, one engine pair that ran 8-9% fast made later unchanged looks fail the history check and their
     second looks confirm it (0.9% of `block-manager-min-recompute`'s tests); baselines of two trials' pooled
     rounds gave none, and 1.75% false alarms per gate run (estimated, 160 trials) became 0.90% (on the EPYC's trials
-    5.3% became 3.2%), with the same detection (docs/calibration.md). It costs time only when a baseline is
+    5.3% became 2.8%), with the same detection (docs/calibration.md). It costs time only when a baseline is
     recorded.
     """
     stat = settings.stat
