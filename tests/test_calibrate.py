@@ -309,3 +309,45 @@ def test_the_noise_model_fits_the_trials_and_predicts_the_rules_outcomes() -> No
     spread = NoiseModel(0.0, 0.0, (0.08,))
     assert simulate(spread, rules, runs=300, shift=0.1, history=False) > simulate(
         NoiseModel(0.0, 0.0, (0.08,), samples=6), rules, runs=300, shift=0.1, history=False) + 0.1
+
+
+def test_an_ab_campaign_of_both_ways_is_analyzed_one_way_at_a_time(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``run --both-ways`` labels each trial with the way its rounds ran; ``analyze --together yes|no`` reads one way
+    only (a trial that does not say is in neither), and says which it read."""
+    import json
+
+    from vramgate.tools.calibration.gate_paired import TrialData, load_trials, main
+
+    rng = random.Random(7)
+    lines = []
+    for i in range(8):
+        together = [True, False, None][i % 3]
+        slow = 1.2 if together is False else 1.0  # the one-after-the-other trials carry a +20% candidate
+        ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(30)]
+        line = {"profile": "p", "condition": "unchanged", "index": i, "ref": ref,
+                "cand": [r * slow * rng.lognormvariate(0, 0.02) for r in ref], "stat": "step"}
+        if together is not None:
+            line["together"] = together
+        lines.append(json.dumps(line))
+    (tmp_path / "trials.jsonl").write_text("\n".join(lines) + "\n")
+    assert [t.together for t in load_trials([tmp_path])][:3] == [True, False, None]
+    assert TrialData.from_json(json.loads(lines[2])).together is None
+    assert main(["analyze", str(tmp_path), "--together", "yes"]) == 0
+    text = capsys.readouterr().out
+    assert "Rounds together." in text and "| p | unchanged | 3 |" in text and "0.00 of 3" in text
+    assert main(["analyze", str(tmp_path), "--together", "no"]) == 0
+    text = capsys.readouterr().out
+    assert "Rounds one after the other." in text and "| p | unchanged | 3 |" in text and "3.00 of 3" in text
+    assert main(["analyze", str(tmp_path)]) == 0
+    assert "| p | unchanged | 8 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="with rounds together"):
+        main(["analyze", str(tmp_path), "--together", "yes", "--stat", "step_floor"])
+
+
+def test_a_campaign_taken_both_ways_takes_no_together_setting(tmp_path: Path) -> None:
+    from vramgate.tools.calibration.gate_paired import run
+
+    with pytest.raises(ValueError, match="both ways"):
+        run(ROOT, tmp_path, 0.01, [], busy=False, rounds=1, together=True, both_ways=True)
+    assert not (tmp_path / "trials.jsonl").exists()

@@ -120,13 +120,16 @@ class TrialData:
     busy: bool
     stat: str = "step"
     """The statistic of ``ref`` and ``cand`` (trials before it was recorded took ``step``)."""
+    together: bool | None = None
+    """Whether both engines ran each pair's rounds at once (Note [rounds together]); ``None``: not recorded."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrialData:
         """A trial from a line of ``trials.jsonl``."""
+        together = data.get("together")
         return cls(str(data["profile"]), str(data["condition"]), int(data["index"]),
                    [float(v) for v in data["ref"]], [float(v) for v in data["cand"]], bool(data.get("busy", True)),
-                   str(data.get("stat", "step")))
+                   str(data.get("stat", "step")), None if together is None else bool(together))
 
 
 def load_trials(paths: Sequence[Path]) -> list[TrialData]:
@@ -170,10 +173,13 @@ def _busy_loop(root: Path, out: Path, stop: Path) -> Any:
 
 def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bool, rounds: int | None,
         quiet_looks: bool = False, together: bool | None = None,
-        conditions: Sequence[str] = ("unchanged", "delay-10%"), stat: str | None = None) -> None:
+        conditions: Sequence[str] = ("unchanged", "delay-10%"), stat: str | None = None,
+        both_ways: bool = False) -> None:
     """Trials until *minutes* have passed (see the module's docstring), appended to ``out/trials.jsonl``; of the
     *conditions* named (:data:`CONDITIONS`) only; of *stat* (default the tier's; ``step_floor``: Note [step
-    floor])."""
+    floor]); *both_ways*: each profile and condition's trial is taken with rounds together and then one after the
+    other, back to back, so that the two ways of Note [rounds together] meet the same host state (an A/B in turns
+    that ``analyze --together`` reads one way at a time)."""
     import pytest
 
     from vramgate.engine import engine_tier
@@ -184,7 +190,9 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
 
     settings = paired_defaults(engine_tier())
     n_rounds = rounds or settings.rounds
-    together = settings.together if together is None else together
+    if both_ways and together is not None:
+        raise ValueError("both ways takes trials together and one after the other: give no together setting")
+    ways = (True, False) if both_ways else (settings.together if together is None else together,)
     stat = stat or settings.stat
     out.mkdir(parents=True, exist_ok=True)
     stop = out / "stop"
@@ -207,35 +215,40 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
             print(f"{name}: left out: {exc}", flush=True)
     deadline = time.monotonic() + minutes * 60
     index = sum(1 for _ in (out / "trials.jsonl").open()) if (out / "trials.jsonl").exists() else 0
+    cycle = 0
     try:
         while time.monotonic() < deadline:
+            cycle += 1
             for condition, delay in [(c, d) for c, d in CONDITIONS if c in conditions]:
                 for name, candidate in candidates.items():
                     if delay:
                         candidate = candidate.replace(env={"VRAMGATE_PLANT_DELAY": str(delay)})
-                    run_dir = out / "engines" / f"{index}"
-                    t0 = time.time()
-                    with contextlib.ExitStack() as stack:
-                        got = stack.enter_context(quiet.quiet()) if quiet_looks else None
-                        engines = stack.enter_context(PairedEngines(reference, candidate, root, run_dir,
-                                                                    cache_root=out / "cache"))
-                        result = engines.run(n_rounds, seed=index, together=together)
-                    if stat == "step_floor":
-                        ref, cand = floor_sums([r.steps_s for r in result.a]), floor_sums([r.steps_s for r in result.b])
-                    else:
-                        ref, cand = result.stats(stat)
-                    line = {"profile": name, "condition": condition, "index": index, "ref": ref, "cand": cand,
-                            "stat": stat,
-                            "ref_steps": [r.steps_s for r in result.a], "cand_steps": [r.steps_s for r in result.b],
-                            "busy": busy, "started": t0, "seconds": time.time() - t0, "isa": os.environ.get(
-                                "VRAMGATE_CPU_ISA", ""), "quiet": bool(got and got.quiet),
-                            "waited_s": got.waited_s if got else 0.0, "together": together}
-                    with (out / "trials.jsonl").open("a", encoding="utf-8") as f:
-                        f.write(json.dumps(line) + "\n")
-                    print(f"trial {index}: {name} {condition}: {time.time() - t0:.1f} s", flush=True)
-                    index += 1
-                    if time.monotonic() >= deadline:
-                        return
+                    for together in ways if cycle % 2 else ways[::-1]:  # neither way always goes first
+                        run_dir = out / "engines" / f"{index}"
+                        t0 = time.time()
+                        with contextlib.ExitStack() as stack:
+                            got = stack.enter_context(quiet.quiet()) if quiet_looks else None
+                            engines = stack.enter_context(PairedEngines(reference, candidate, root, run_dir,
+                                                                        cache_root=out / "cache"))
+                            result = engines.run(n_rounds, seed=index, together=together)
+                        if stat == "step_floor":
+                            ref = floor_sums([r.steps_s for r in result.a])
+                            cand = floor_sums([r.steps_s for r in result.b])
+                        else:
+                            ref, cand = result.stats(stat)
+                        line = {"profile": name, "condition": condition, "index": index, "ref": ref, "cand": cand,
+                                "stat": stat,
+                                "ref_steps": [r.steps_s for r in result.a], "cand_steps": [r.steps_s for r in result.b],
+                                "busy": busy, "started": t0, "seconds": time.time() - t0, "isa": os.environ.get(
+                                    "VRAMGATE_CPU_ISA", ""), "quiet": bool(got and got.quiet),
+                                "waited_s": got.waited_s if got else 0.0, "together": together}
+                        with (out / "trials.jsonl").open("a", encoding="utf-8") as f:
+                            f.write(json.dumps(line) + "\n")
+                        way = "together" if together else "one after the other"
+                        print(f"trial {index}: {name} {condition} ({way}): {time.time() - t0:.1f} s", flush=True)
+                        index += 1
+                        if time.monotonic() >= deadline:
+                            return
     finally:
         stop.write_text("stop")
         if other is not None:
@@ -490,8 +503,10 @@ def simulate(model: NoiseModel, rules: Rules, *, rounds: int | None = None, shif
 def render(result: dict[str, Any]) -> str:
     """The analysis as Markdown: a row per profile and condition, then the per-gate-run figures."""
     r = result["rules"]
-    lines = [f"Statistic `{result.get('stat', 'step')}`. In-run tolerance {r['tolerance']:.1%} (alpha {r['alpha']:g}), "
-             f"history tolerance "
+    together = result.get("together")
+    way = "" if together is None else " Rounds together." if together else " Rounds one after the other."
+    lines = [f"Statistic `{result.get('stat', 'step')}`.{way} In-run tolerance {r['tolerance']:.1%} "
+             f"(alpha {r['alpha']:g}), history tolerance "
              f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}"
              + (f"; the campaign's own unchanged trials, {result.get('baseline_pairs', 1)} pooled, as baselines "
                f"for: {', '.join(result['own_history'])}"
@@ -556,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--stat", help="the statistic to record (default: the tier's; step_floor: Note [step floor])")
     r.add_argument("--together", action=argparse.BooleanOptionalAction, default=None,
                    help="both engines run each pair's rounds at once (default: the tier's setting)")
+    r.add_argument("--both-ways", action="store_true",
+                   help="each trial taken twice, back to back: rounds together and one after the other (an A/B)")
     z = sub.add_parser("analyze")
     z.add_argument("folders", type=Path, nargs="+")
     z.add_argument("--key", default="", help="the baseline key whose stored ratios the history check uses")
@@ -564,6 +581,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--history-tolerance", type=float)
     z.add_argument("--json", type=Path, help="also write the analysis here")
     z.add_argument("--stat", help="the trials of this statistic (default: the CPU tier's)")
+    z.add_argument("--together", choices=("yes", "no"),
+                   help="only the trials whose rounds ran together (yes) or one after the other (no); a campaign "
+                        "of run --both-ways holds both")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
     z.add_argument("--own-history", action="store_true",
                    help="a profile without stored baselines takes its unchanged trials, pooled by --baseline-pairs, "
@@ -574,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path.cwd()
     if args.command == "run":
         run(root, args.out, args.minutes, [p for p in args.profiles.split(",") if p], not args.idle, args.rounds,
-            args.quiet, args.together, args.conditions.split(","), args.stat)
+            args.quiet, args.together, args.conditions.split(","), args.stat, args.both_ways)
         return 0
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
@@ -582,12 +602,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rules = Rules(d.tolerance if args.tolerance is None else args.tolerance, d.alpha if args.alpha is None else
                   args.alpha, d.history_tolerance if args.history_tolerance is None else args.history_tolerance)
     stat = args.stat or d.stat
-    trials = [t for t in load_trials(args.folders) if t.stat == stat]
+    way = None if args.together is None else args.together == "yes"
+    trials = [t for t in load_trials(args.folders) if t.stat == stat and (way is None or t.together is way)]
     if not trials:
-        raise SystemExit(f"no trials of the statistic {stat!r} in {', '.join(map(str, args.folders))}")
+        which = "" if way is None else (" with rounds together" if way else " with rounds one after the other")
+        raise SystemExit(f"no trials of the statistic {stat!r}{which} in {', '.join(map(str, args.folders))}")
     result = analyze(trials, stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None, rules,
                      args.model_runs, own_history=args.own_history, baseline_pairs=args.baseline_pairs)
     result["stat"] = stat
+    result["together"] = way
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
     print(render(result))
