@@ -351,3 +351,47 @@ def test_a_campaign_taken_both_ways_takes_no_together_setting(tmp_path: Path) ->
     with pytest.raises(ValueError, match="both ways"):
         run(ROOT, tmp_path, 0.01, [], busy=False, rounds=1, together=True, both_ways=True)
     assert not (tmp_path / "trials.jsonl").exists()
+
+
+def test_the_noise_models_rates_are_bounded_by_refits_to_resampled_trials() -> None:
+    """Note [bootstrap bound]: the bounds bracket the model's own rates; trials whose engine pairs differ widely
+    (one unchanged pair 9% slow) give a higher false-alarm bound than trials of pairs alike, though the median
+    trial is the same; the per-gate-run bound takes every profile's replicate together."""
+    from vramgate.tools.calibration.gate_paired import (
+        Rules,
+        TrialData,
+        analyze,
+        bootstrap_model,
+        percentile,
+        render,
+    )
+
+    assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0 and percentile([1.0, 2.0], 0.95) == 2.0
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
+    rng = random.Random(2)
+
+    def trials(profile: str, offsets: list[float]) -> list[TrialData]:
+        out = []
+        for i, off in enumerate(offsets):
+            ref = [0.01 * rng.lognormvariate(0, 0.03) for _ in range(30)]
+            out.append(TrialData(profile, "unchanged", i, ref, [r * (1 + off) * rng.lognormvariate(0, 0.03)
+                                                                for r in ref], True))
+        return out
+
+    rules = Rules(0.075, 0.05, 0.10)
+    alike = trials("a", [0.0, 0.005, -0.005, 0.01, -0.01, 0.0])
+    apart = trials("b", [0.0, 0.005, -0.005, 0.09, -0.05, 0.0])
+    tight = bootstrap_model(alike, rules, replicates=15, runs=80, history=False)
+    wide = bootstrap_model(apart, rules, replicates=15, runs=80, history=False)
+    assert tight["replicates"] == 15 and len(tight["false_alarms_replicates"]) == 15
+    assert tight["false_alarms_upper"] <= 0.02 < wide["false_alarms_upper"]
+    assert tight["detection_lower"] <= min(1.0, max(tight["detection_replicates"]))
+    result = analyze(alike + [TrialData("b", t.condition, t.index + 100, t.ref, t.cand, True) for t in apart],
+                     rules=rules, model_runs=80, bootstrap=15)
+    fa = [result["models"][p]["false_alarms_replicates"] for p in ("a", "b")]
+    assert result["gate_run_false_alarm_model_upper"] == pytest.approx(
+        percentile([1 - (1 - x) * (1 - y) for x, y in zip(*fa, strict=True)], 0.95))
+    assert "95% upper" in render(result) and "refits to resampled trials" in render(result)
+    with pytest.raises(ValueError, match="model_runs"):
+        analyze(alike, rules=rules, bootstrap=5)

@@ -381,7 +381,7 @@ def judge_against_own(group: Sequence[TrialData], unchanged: Sequence[TrialData]
 
 def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | None = None,
             rules: Rules | None = None, model_runs: int = 0, *, own_history: bool = False,
-            baseline_pairs: int = BASELINE_PAIRS) -> dict[str, Any]:
+            baseline_pairs: int = BASELINE_PAIRS, bootstrap: int = 0) -> dict[str, Any]:
     """The gate's rules applied to *trials* (Note [per-gate-run campaign]); *baselines*: each profile's stored
     samples of the paired test's metric on this machine's key, where it has them; *own_history*: a profile
     without them takes its unchanged trials, *baseline_pairs* pooled at a time, as the stored baseline in turn
@@ -391,9 +391,13 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     Per gate run, the k-th unchanged trial of every profile is one gate run's set of paired tests: its first looks
     fail when any does (a count with an exact bound, no model), and it fails with probability 1 - prod(1 - p) over
     the profiles' confirmed rates p (an estimate, which takes the looks of fresh engines as independent). With
-    *model_runs*, each profile's :class:`NoiseModel` predicts both rates from that many simulated tests."""
+    *model_runs*, each profile's :class:`NoiseModel` predicts both rates from that many simulated tests; with
+    *bootstrap*, that many refits of it to resampled trials bound them (:func:`bootstrap_model`), and the
+    per-gate-run false alarms too (each replicate's profiles together)."""
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
+    if bootstrap and not model_runs:
+        raise ValueError("a bootstrap refits the noise model: give model_runs too")
     d = PAIRED_DEFAULTS["cpu"]
     rules = rules or Rules(d.tolerance, d.alpha, d.history_tolerance)
     by: dict[tuple[str, str], list[TrialData]] = {}
@@ -407,7 +411,7 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
         else:
             judged = judge_group(group, rules, base)
         profiles.setdefault(profile, {})[condition] = judged
-    models: dict[str, dict[str, float]] = {}
+    models: dict[str, dict[str, Any]] = {}
     if model_runs:
         for (profile, condition), group in sorted(by.items()):
             if condition != "unchanged" or len(group) < 2:
@@ -421,6 +425,14 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
                 "detection": simulate(model, rules, runs=model_runs, history=history, shift=PLANTED,
                                       baseline_pairs=pooled),
             }
+            if bootstrap:
+                models[profile].update(bootstrap_model(group, rules, replicates=bootstrap, runs=model_runs,
+                                                       history=history, baseline_pairs=pooled))
+    per_run_upper = None
+    if bootstrap and models:  # replicate k of every profile is one draw of the whole gate run's rates
+        per_run = [1 - math.prod(1 - m["false_alarms_replicates"][k] for m in models.values())
+                   for k in range(bootstrap)]
+        per_run_upper = percentile(per_run, 0.95)
     unchanged = [p["unchanged"] for p in profiles.values() if "unchanged" in p]
     runs = min((u["trials"] for u in unchanged), default=0)
     # a run's first looks fail when any does (with own baselines each look's rate is a mean over them: expected runs)
@@ -437,7 +449,8 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     return {"rules": {"tolerance": rules.tolerance, "alpha": rules.alpha, "history_tolerance": rules.history_tolerance},
             "profiles": profiles, "models": models, "gate_runs": runs, "gate_runs_first_look_failed": failed_runs,
             "gate_run_false_alarm_estimate": 1 - survive, "history_baselines": sorted(baselines or {}),
-            "own_history": own, "baseline_pairs": baseline_pairs}
+            "own_history": own, "baseline_pairs": baseline_pairs, "bootstrap": bootstrap,
+            "gate_run_false_alarm_model_upper": per_run_upper}
 
 
 @dataclass(frozen=True)
@@ -500,6 +513,41 @@ def simulate(model: NoiseModel, rules: Rules, *, rounds: int | None = None, shif
     return fails / runs
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The *q* quantile of *values* (the smallest value with at least a fraction *q* of them at or below it)."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def bootstrap_model(unchanged: Sequence[TrialData], rules: Rules, *, replicates: int, runs: int,
+                    history: bool = True, baseline_pairs: int = 1, seed: int = 0) -> dict[str, Any]:
+    """Bounds of the :class:`NoiseModel`'s rates from the trials it was fitted to (a profile's *unchanged* trials):
+    each of *replicates* draws as many trials with replacement, refits the model and simulates *runs* tests
+    unchanged and with the planted +10% (:func:`simulate`). Gives each replicate's rates, the false alarms' 95%
+    upper bound and the detection's 95% lower bound (percentiles).
+
+    Note [bootstrap bound]: a rate near 1% seen in the trials themselves needs about 300 gate runs' worth before its
+    exact bound falls to 1%; the model reaches lower rates from the trials' noise (the profile's true ratio, the
+    spread between engine pairs, the rounds' spread), but its point estimate says nothing of how well a handful of
+    trials pins those down. Refitting it to resampled trials (engine pairs are what is drawn: a trial is one) puts
+    that uncertainty into the rates: a replicate that happens to hold the slow engine pair twice fits a wider
+    spread between pairs and alarms more. The bound holds under the model's form (normal offsets between engine
+    pairs, each look's rounds as one of the trials' spreads); a tail the trials never showed stays outside it."""
+    import random
+
+    rng = random.Random(seed)
+    fa, det = [], []
+    for k in range(replicates):
+        model = NoiseModel.fit([rng.choice(unchanged) for _ in unchanged])
+        fa.append(simulate(model, rules, runs=runs, history=history, baseline_pairs=baseline_pairs, seed=k))
+        det.append(simulate(model, rules, runs=runs, history=history, shift=PLANTED,
+                            baseline_pairs=baseline_pairs, seed=k))
+    return {"replicates": replicates, "false_alarms_replicates": fa, "detection_replicates": det,
+            "false_alarms_upper": percentile(fa, 0.95), "detection_lower": percentile(det, 0.05)}
+
+
 def render(result: dict[str, Any]) -> str:
     """The analysis as Markdown: a row per profile and condition, then the per-gate-run figures."""
     r = result["rules"]
@@ -531,14 +579,23 @@ def render(result: dict[str, Any]) -> str:
     if models:
         lines += ["", "| profile | model: true ratio | SD between engine pairs | false alarms | detection of +10% |",
                   "|---|---|---|---|---|"]
-        lines += [f"| {p} | {math.exp(m['effect']):.3f} | {m['between']:.1%} | {m['false_alarms']:.1%} | "
-                  f"{m['detection']:.1%} (of {m['runs']} simulated tests) |" for p, m in models.items()]
+        lines += [f"| {p} | {math.exp(m['effect']):.3f} | {m['between']:.1%} | {m['false_alarms']:.1%}"
+                  + (f" (95% upper {m['false_alarms_upper']:.1%})" if "false_alarms_upper" in m else "")
+                  + f" | {m['detection']:.1%}"
+                  + (f" (95% lower {m['detection_lower']:.1%})" if "detection_lower" in m else "")
+                  + f" (of {m['runs']} simulated tests"
+                  + (f"; bounds from {m['replicates']} refits to resampled trials" if "replicates" in m else "")
+                  + ") |" for p, m in models.items()]
     failed = result["gate_runs_first_look_failed"]
     shown = (show_rate(round(failed), result["gate_runs"]) if abs(failed - round(failed)) < 1e-9 else
              f"{failed:.2f} of {result['gate_runs']} (expected, over the baselines)")
     lines += ["", f"Gate runs (one unchanged trial of each profile): first looks failed in "
               f"{shown}; estimated false alarms per "
               f"gate run after the second look: {result['gate_run_false_alarm_estimate']:.2%}."]
+    if result.get("gate_run_false_alarm_model_upper") is not None:
+        lines += ["", f"The model's false alarms per gate run (every profile's test), 95% upper bound over "
+                  f"{result['bootstrap']} refits to resampled trials (Note [bootstrap bound]): "
+                  f"{result['gate_run_false_alarm_model_upper']:.2%}."]
     return "\n".join(lines)
 
 
@@ -585,12 +642,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="only the trials whose rounds ran together (yes) or one after the other (no); a campaign "
                         "of run --both-ways holds both")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
+    z.add_argument("--bootstrap", type=int, default=0,
+                   help="refits of the noise model to resampled trials, for its rates' 95%% bounds (with --model-runs)")
     z.add_argument("--own-history", action="store_true",
                    help="a profile without stored baselines takes its unchanged trials, pooled by --baseline-pairs, "
                         "in turn as one")
     z.add_argument("--baseline-pairs", type=int, default=BASELINE_PAIRS,
                    help="engine pairs (unchanged trials) per baseline of --own-history (the gate records 2)")
     args = parser.parse_args(argv)
+    if args.command == "analyze" and args.bootstrap and not args.model_runs:
+        parser.error("--bootstrap refits the noise model: give --model-runs too")
     root = Path.cwd()
     if args.command == "run":
         run(root, args.out, args.minutes, [p for p in args.profiles.split(",") if p], not args.idle, args.rounds,
@@ -608,7 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         which = "" if way is None else (" with rounds together" if way else " with rounds one after the other")
         raise SystemExit(f"no trials of the statistic {stat!r}{which} in {', '.join(map(str, args.folders))}")
     result = analyze(trials, stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None, rules,
-                     args.model_runs, own_history=args.own_history, baseline_pairs=args.baseline_pairs)
+                     args.model_runs, own_history=args.own_history, baseline_pairs=args.baseline_pairs,
+                     bootstrap=args.bootstrap)
     result["stat"] = stat
     result["together"] = way
     if args.json:
