@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -426,8 +427,9 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
                                       baseline_pairs=pooled),
             }
             if bootstrap:
-                models[profile].update(bootstrap_model(group, rules, replicates=bootstrap, runs=model_runs,
-                                                       history=history, baseline_pairs=pooled))
+                models[profile].update(bootstrap_model(  # each profile its own draws: their tests are independent
+                    group, rules, replicates=bootstrap, runs=model_runs, history=history, baseline_pairs=pooled,
+                    seed=zlib.crc32(profile.encode()) * 1000))
     per_run_upper = None
     if bootstrap and models:  # replicate k of every profile is one draw of the whole gate run's rates
         per_run = [1 - math.prod(1 - m["false_alarms_replicates"][k] for m in models.values())
@@ -541,9 +543,9 @@ def bootstrap_model(unchanged: Sequence[TrialData], rules: Rules, *, replicates:
     fa, det = [], []
     for k in range(replicates):
         model = NoiseModel.fit([rng.choice(unchanged) for _ in unchanged])
-        fa.append(simulate(model, rules, runs=runs, history=history, baseline_pairs=baseline_pairs, seed=k))
+        fa.append(simulate(model, rules, runs=runs, history=history, baseline_pairs=baseline_pairs, seed=seed + k))
         det.append(simulate(model, rules, runs=runs, history=history, shift=PLANTED,
-                            baseline_pairs=baseline_pairs, seed=k))
+                            baseline_pairs=baseline_pairs, seed=seed + k))
     return {"replicates": replicates, "false_alarms_replicates": fa, "detection_replicates": det,
             "false_alarms_upper": percentile(fa, 0.95), "detection_lower": percentile(det, 0.05)}
 
