@@ -536,7 +536,8 @@ def bootstrap_model(unchanged: Sequence[TrialData], rules: Rules, *, replicates:
     trials pins those down. Refitting it to resampled trials (engine pairs are what is drawn: a trial is one) puts
     that uncertainty into the rates: a replicate that happens to hold the slow engine pair twice fits a wider
     spread between pairs and alarms more. The bound holds under the model's form (normal offsets between engine
-    pairs, each look's rounds as one of the trials' spreads); a tail the trials never showed stays outside it."""
+    pairs, each look's rounds as one of the trials' spreads); a tail the trials never showed stays outside it. A
+    refit's rate is counted in *runs* simulated tests, so a bound of 0 says only "below 1 / runs"."""
     import random
 
     rng = random.Random(seed)
@@ -586,7 +587,8 @@ def render(result: dict[str, Any]) -> str:
                   + f" | {m['detection']:.1%}"
                   + (f" (95% lower {m['detection_lower']:.1%})" if "detection_lower" in m else "")
                   + f" (of {m['runs']} simulated tests"
-                  + (f"; bounds from {m['replicates']} refits to resampled trials" if "replicates" in m else "")
+                  + (f"; bounds from {m['replicates']} refits to resampled trials, each resolving "
+                     f"{1 / m['runs']:.2%}" if "replicates" in m else "")
                   + ") |" for p, m in models.items()]
     failed = result["gate_runs_first_look_failed"]
     shown = (show_rate(round(failed), result["gate_runs"]) if abs(failed - round(failed)) < 1e-9 else
@@ -597,7 +599,8 @@ def render(result: dict[str, Any]) -> str:
     if result.get("gate_run_false_alarm_model_upper") is not None:
         lines += ["", f"The model's false alarms per gate run (every profile's test), 95% upper bound over "
                   f"{result['bootstrap']} refits to resampled trials (Note [bootstrap bound]): "
-                  f"{result['gate_run_false_alarm_model_upper']:.2%}."]
+                  f"{result['gate_run_false_alarm_model_upper']:.2%} (a refit's simulated tests resolve rates down to "
+                  f"{1 / max(m['runs'] for m in models.values()):.2%} per profile)."]
     return "\n".join(lines)
 
 
