@@ -386,7 +386,7 @@ def test_the_noise_models_rates_are_bounded_by_refits_to_resampled_trials() -> N
     wide = bootstrap_model(apart, rules, replicates=15, runs=80, history=False)
     assert tight["replicates"] == 15 and len(tight["false_alarms_replicates"]) == 15
     assert tight["false_alarms_upper"] <= 0.02 < wide["false_alarms_upper"]
-    assert tight["detection_lower"] <= min(1.0, max(tight["detection_replicates"]))
+    assert wide["detection_lower"] < tight["detection_lower"]  # engine pairs apart hide a +10% more often too
     result = analyze(alike + [TrialData("b", t.condition, t.index + 100, t.ref, t.cand, True) for t in apart],
                      rules=rules, model_runs=80, bootstrap=15)
     fa = [result["models"][p]["false_alarms_replicates"] for p in ("a", "b")]
