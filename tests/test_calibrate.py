@@ -354,9 +354,9 @@ def test_a_campaign_taken_both_ways_takes_no_together_setting(tmp_path: Path) ->
 
 
 def test_the_noise_models_rates_are_bounded_by_refits_to_resampled_trials() -> None:
-    """Note [bootstrap bound]: the bounds bracket the model's own rates; trials whose engine pairs differ widely
-    (one unchanged pair 9% slow) give a higher false-alarm bound than trials of pairs alike, though the median
-    trial is the same; the per-gate-run bound takes every profile's replicate together."""
+    """Note [bootstrap bound]: trials whose engine pairs differ widely (one unchanged pair 9% slow) give a higher
+    false-alarm bound and a lower detection bound than trials of pairs alike, though the median trial is the same;
+    the per-gate-run bound takes every profile's replicate together."""
     from vramgate.tools.calibration.gate_paired import (
         Rules,
         TrialData,
