@@ -6,10 +6,14 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from vramgate.engine import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
+
+if TYPE_CHECKING:
+    from vramgate.engine.paired import PairedDefaults
 
 ROOT = Path(__file__).resolve().parents[1]
 #: An engine result as the worker writes it, with made-up figures (for stand-ins of the worker).
@@ -152,6 +156,15 @@ def test_caches_and_temp_files_stay_in_the_run_folder(
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
 
 
+def _two_looks() -> PairedDefaults:
+    """The CPU tier's paired settings with two looks at most and no screen (the GPU tier's rule, Note [second look])."""
+    import dataclasses
+
+    from vramgate.engine import paired_defaults
+
+    return dataclasses.replace(paired_defaults("cpu"), screen=None, looks=2)
+
+
 class _FakeLooks:
     """Looks of paired engines whose candidate is *shifts[i]* slower than the reference in the i-th look."""
 
@@ -173,9 +186,9 @@ def test_a_failing_first_look_is_confirmed_by_a_second(shifts: tuple[float, ...]
     """Note [second look]: a passing first look is the verdict; after a failing one, a second look that passes is
     (its rounds), and one that fails too is judged again with the pooled rounds of both."""
     from vramgate.core.stats import compare_pairs
-    from vramgate.engine import confirmed_rounds, paired_defaults
+    from vramgate.engine import confirmed_rounds
 
-    settings = paired_defaults("cpu")
+    settings = _two_looks()
     fake = _FakeLooks(*shifts)
     ref, cand, lines = confirmed_rounds(fake.take, settings)
     assert fake.calls == list(range(len(shifts))) and len(ref) == len(cand) == rounds
@@ -190,7 +203,7 @@ def test_a_failing_first_look_is_confirmed_by_a_second(shifts: tuple[float, ...]
 def test_a_further_check_that_fails_takes_the_second_look() -> None:
     """The history check and the noise guard (``also``) can ask for the second look as the in-run check does; their
     lines follow each look's, and a second look where they pass is the verdict."""
-    from vramgate.engine import confirmed_rounds, paired_defaults
+    from vramgate.engine import confirmed_rounds
 
     seen: list[int] = []
 
@@ -199,7 +212,7 @@ def test_a_further_check_that_fails_takes_the_second_look() -> None:
         return [(f"against the baseline: {len(ref)} rounds", len(seen) == 1)]
 
     fake = _FakeLooks(0.0, 0.0)
-    ref, _, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), also=also)
+    ref, _, lines = confirmed_rounds(fake.take, _two_looks(), also=also)
     assert fake.calls == [0, 1] and len(ref) == 30 and seen == [30, 30]
     assert lines[1] == "first look, against the baseline: 30 rounds"
     assert [line.split(":")[0] for line in lines] == [
@@ -220,13 +233,62 @@ def test_a_run_that_records_the_baseline_pools_two_engine_pairs() -> None:
         return True
 
     fake = _FakeLooks(0.0, 0.0)
-    ref, cand, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=records)
+    ref, cand, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=records)  # screened, three at most
     assert fake.calls == [0, 1] and len(ref) == len(cand) == 60 and asked == [30]  # asked of the first look only
     assert lines[1].startswith("recording a baseline: a second look (fresh engines) is taken")
     assert lines[-1].startswith("pooled (the verdict): 60 pairs") and "not worse" in lines[-1]
     fake = _FakeLooks(0.0)
     ref, _, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=lambda *_: False)
     assert fake.calls == [0] and len(ref) == 30 and len(lines) == 1
+
+
+@pytest.mark.parametrize(("shifts", "rounds", "worse"), [
+    ((0.04,), 30, False),                # under the screen: the first look is the verdict
+    ((0.06, 0.0, 0.0), 90, False),       # past the screen, not the tolerance: three looks, pooled, pass
+    ((0.16, 0.0, 0.0), 90, False),       # one engine pair slow for its whole life: the pooled median stands it
+    ((0.06, 0.10, 0.10), 90, True),      # a regression the first look saw only past the screen: caught
+    ((0.12, 0.10, 0.0), 90, True),       # two pairs of three past the tolerance: the pooled median is past it
+])
+def test_three_looks_pool_the_rounds_of_three_engine_pairs(shifts: tuple[float, ...], rounds: int,
+                                                             worse: bool) -> None:
+    """Note [three looks]: a first look that passes the screen (5% where the tolerance is 7.5%) is the verdict; one
+    that does not is followed by two looks with fresh engines, and the pooled rounds of all three are the verdict,
+    judged at the tolerance."""
+    from vramgate.core.stats import compare_pairs
+    from vramgate.engine import confirmed_rounds, paired_defaults
+
+    settings = paired_defaults("cpu")
+    assert settings.looks == 3 and settings.screen is not None and settings.screen < settings.tolerance
+    fake = _FakeLooks(*shifts)
+    ref, cand, lines = confirmed_rounds(fake.take, settings)
+    assert fake.calls == list(range(len(shifts))) and len(ref) == len(cand) == rounds
+    assert lines[0].startswith("first look (screened): 30 pairs") and f"tolerance {settings.screen:.1%}" in lines[0]
+    if len(shifts) == 1:
+        assert len(lines) == 1 and lines[0].endswith(": not worse")
+    else:
+        assert [line.split(":")[0] for line in lines] == ["first look (screened)", "second look", "third look",
+                                                          "pooled (the verdict)"]
+        assert lines[0].endswith(": worse") and f"tolerance {settings.tolerance:.1%}" in lines[3]
+        assert lines[3].endswith(": worse" if worse else ": not worse")
+    verdict = compare_pairs(ref, cand, better="lower", tolerance=settings.tolerance, alpha=settings.alpha)
+    assert verdict.regressed is worse
+
+
+def test_the_settings_refuse_a_screen_above_the_tolerance_and_other_numbers_of_looks() -> None:
+    """A screen past the tolerance would let a failing first look stand as the verdict; one look is no confirmation,
+    four are not a rule anything was calibrated for."""
+    import dataclasses
+
+    from vramgate.engine import paired_defaults
+    from vramgate.engine.looks import looks_until_verdict
+
+    settings = paired_defaults("cpu")
+    with pytest.raises(ValueError, match="screen"):
+        dataclasses.replace(settings, screen=settings.tolerance * 2)
+    with pytest.raises(ValueError, match="2 or 3 looks"):
+        dataclasses.replace(settings, looks=4)
+    with pytest.raises(ValueError, match="2 or 3 looks"):
+        looks_until_verdict(lambda n: {}, {"step": 0.1}, 0.05, looks=1)
 
 
 def test_vllms_ipc_sockets_fit_a_unix_socket_path_under_a_deep_run_folder(tmp_path: Path) -> None:

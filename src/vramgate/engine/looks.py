@@ -1,6 +1,6 @@
-"""The second look of a paired measurement (Note [second look]): when a first look's verdict stands, when a second
-look with fresh engines is taken (after a failing first look, and where a baseline is recorded: Note [baselines of
-two engine pairs]), and which samples are the verdict; each look's in-run check (:func:`look`)."""
+"""The further looks of a paired measurement (Note [second look], Note [three looks]): when a first look's verdict
+stands, when more looks with fresh engines are taken (after a failing first look, and where a baseline is recorded:
+Note [baselines of two engine pairs]), and which samples are the verdict; each look's in-run check (:func:`look`)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ Records = Callable[[str, Sequence[float], Sequence[float]], bool]
 def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], settings: PairedDefaults, *,
                      also: Also | None = None, records: Records | None = None
                      ) -> tuple[list[float], list[float], list[str]]:
-    """The reference's and the candidate's per-round statistic, with a second look when the first fails, and a
-    line per look saying what it found. ``take(n)`` takes look *n* (0, then 1): :attr:`PairedDefaults.rounds`
-    round pairs of fresh engines.
+    """The reference's and the candidate's per-round statistic, with further looks when the first fails, and a
+    line per look saying what it found. ``take(n)`` takes look *n* (0, 1, then 2): :attr:`PairedDefaults.rounds`
+    round pairs of fresh engines. *settings* say how many looks at most and at what tolerance the first is
+    screened (Note [three looks]; Note [second look] where they take two).
 
     Note [second look]: a paired check fails a candidate that is worse than its reference by more than the
     tolerance with a signed-rank test of the pairs clear at alpha (in-run), or whose ratios moved against the
@@ -35,17 +36,31 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     the other xdist worker; two clean-clone runs' ratios 0.948 and 1.069). So a first look that fails, or that is
     too noisy to judge (Note [noise guard] in :mod:`vramgate.core.stats`), is not the verdict: the test takes a
     second look with *fresh* engines (a new draw of each process's speed), in a quiet section
-    (:mod:`vramgate.runtime.quiet`: the other workers finish the test they run and wait). The test fails only
-    when the second look fails on its own *and* the pooled rounds of both fail, at the same tolerance and alpha:
-    its rounds are the verdict when it passes, the pooled rounds when it fails. Pooling alone is not enough: an
-    engine pair that ran 16% slow for its whole life (seen once in 36 unchanged trials here) drags the pooled
-    median past the tolerance with any second look; two fresh engine pairs that are both that slow by chance are
-    rarer by the square. A false alarm needs three failing judgements, so no level is spent twice: its rate is at
-    most the product of the two looks' rates. A real regression is in every engine pair. A first look that
-    passes is the verdict: the second look costs time only on a failure.
+    (:mod:`vramgate.runtime.quiet`: the other workers finish the test they run and wait). With two looks at most
+    (the GPU tier, the serving suite) the test fails only when the second look fails on its own *and* the pooled
+    rounds of both fail, at the same tolerance and alpha: its rounds are the verdict when it passes, the pooled
+    rounds when it fails. Pooling two alone is not enough: an engine pair that ran 16% slow for its whole life
+    (seen once in 36 unchanged trials here) drags the pooled median past the tolerance with any second look; two
+    fresh engine pairs that are both that slow by chance are rarer by the square. A false alarm needs three
+    failing judgements, so no level is spent twice: its rate is at most the product of the two looks' rates. A
+    first look that passes is the verdict: further looks cost time only on a failure.
 
-    Note [baselines of two engine pairs]: a run that records the test's baseline (*records*) takes both looks
-    whatever the first found, and stores their pooled rounds. A baseline from one engine pair carries that pair's
+    Note [three looks]: the price of two looks that must both fail is detection: a look that catches a +10% step
+    regression with probability p makes a test that catches it with about p squared (0.89 gives 0.80; on a 2-core
+    Xeon 71% of the planted +10% of `block-manager-watermark` failed the test, docs/calibration.md). Where the
+    tier takes three looks (the CPU tier), the first look is screened at a lower tolerance (:attr:`PairedDefaults.
+    screen`, 5% where the tolerance is 7.5%): one that passes it is the verdict; one that does not is followed by
+    two looks with fresh engines, in a quiet section, and the verdict is the pooled rounds of all three, judged at
+    the tolerance as any look is. The pooled median of three engine pairs stands one pair that runs slow for its
+    whole life (a third of the rounds cannot carry the median), and a real regression, which is in every pair,
+    meets the tolerance with the noise of three pairs instead of one. On the stored campaigns' trials (each trial
+    a look of fresh engines, docs/calibration.md) it caught 97-100% of the planted +10% on the Xeon where two
+    looks caught 71-100%, with no more false alarms; the screen trips on an unchanged tree rarely where the
+    profile's true ratio is near 1 and engines are steady, so the third look costs time only on a failure.
+
+    Note [baselines of two engine pairs]: a run that records the test's baseline (*records*) takes two looks at
+    least, whatever the first found, and stores their pooled rounds (three's, where the first look asked for
+    them). A baseline from one engine pair carries that pair's
     offset into every later comparison, and a second look cannot clear it, since both looks meet the same
     baseline: on a 2-core Intel Xeon with AMX, taking each unchanged trial of the per-gate-run campaign as the
     baseline in turn, one engine pair that ran 8-9% fast made later unchanged looks fail the history check and their
@@ -55,59 +70,72 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     recorded.
     """
     stat = settings.stat
+    screen = None if settings.screen is None else {stat: settings.screen}
     lines, ref, cand = looks_until_verdict(lambda n: {stat: take(n)}, {stat: settings.tolerance}, settings.alpha,
-                                           also=also, records=records)
+                                           also=also, records=records, screen=screen, looks=settings.looks)
     return ref[stat], cand[stat], lines
 
 
 def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float], Sequence[float]]]],
                         tolerances: Mapping[str, float], alpha: float, *, also: Also | None = None,
-                        records: Records | None = None
+                        records: Records | None = None, screen: Mapping[str, float] | None = None,
+                        looks: int = 2
                         ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
-    """Note [second look] for any paired measurement: ``run(n)`` takes look *n* (0, then 1) and gives, per
-    statistic, the reference's and the candidate's samples; each statistic is judged in-run at its tolerance
-    (:func:`look`) and by *also*. A first look where no check fails is the verdict; otherwise a second look is
-    taken: where it passes, its samples are the verdict (they pass); where it fails too, the pooled samples of
-    both are (they fail where the pooled evidence still says so). Where the first look's samples of a statistic
-    would become a stored baseline (*records*), the second look is taken whatever the first found and the pooled
-    samples of both are the verdict (Note [baselines of two engine pairs]). The lines say what each look found;
-    the verdict's samples come back."""
-    ref: dict[str, list[float]] = {k: [] for k in tolerances}
-    cand: dict[str, list[float]] = {k: [] for k in tolerances}
+    """Note [second look] and Note [three looks] for any paired measurement: ``run(n)`` takes look *n* (0, 1, 2)
+    and gives, per statistic, the reference's and the candidate's samples; each statistic is judged in-run at its
+    tolerance (:func:`look`; the first look at its *screen*, where given) and by *also*. A first look where no
+    check fails is the verdict. Otherwise, with *looks* 2, a second look is taken: where it passes, its samples
+    are the verdict (they pass); where it fails too, the pooled samples of both are (they fail where the pooled
+    evidence still says so); with *looks* 3, two more looks are taken and the pooled samples of all three are the
+    verdict. Where the first look's samples of a statistic would become a stored baseline (*records*), a second
+    look is taken whatever the first found and the pooled samples are the verdict and the baseline (Note
+    [baselines of two engine pairs]). The lines say what each look found; the verdict's samples come back."""
+    if looks not in (2, 3):
+        raise ValueError(f"a paired measurement takes 2 or 3 looks at most, not {looks}")
     lines: list[str] = []
 
     def label(name: str, key: str) -> str:
         return name if len(tolerances) == 1 else f"{name}, {key}"
 
-    def judge(name: str, key: str, r: Sequence[float], c: Sequence[float]) -> bool:
-        line, bad = look(label(name, key), r, c, tolerance=tolerances[key], alpha=alpha)
+    def judge(name: str, key: str, r: Sequence[float], c: Sequence[float], tolerance: float) -> bool:
+        line, bad = look(label(name, key), r, c, tolerance=tolerance, alpha=alpha)
         lines.append(line)
         for more, failing in (also(key, r, c) if also else ()):
             lines.append(f"{label(name, key)}, {more}")
             bad = bad or failing
         return bad
 
-    looks: list[dict[str, tuple[Sequence[float], Sequence[float]]]] = []
-    recording = False
-    for n, name in enumerate(("first look", "second look")):
-        looks.append(dict(run(n)))
-        worse = False
-        for key in tolerances:
-            r, c = looks[n][key]
-            worse = judge(name, key, r, c) or worse
-            recording = recording or (not n and records is not None and records(key, r, c))
-        if recording and not n:
-            lines.append("recording a baseline: a second look (fresh engines) is taken, and the pooled rounds of "
-                         "both are the verdict and the baseline (Note [baselines of two engine pairs])")
-            continue
-        if not worse and not recording:  # the first look passed, or the second did and clears it
-            if n:
-                lines.append("the verdict: the second look (fresh engines) passed; its rounds are the verdict")
-            return lines, {k: list(looks[n][k][0]) for k in tolerances}, {k: list(looks[n][k][1]) for k in tolerances}
+    def pooled(taken: Sequence[Mapping[str, tuple[Sequence[float], Sequence[float]]]]
+               ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        return ({k: [v for one in taken for v in one[k][0]] for k in tolerances},
+                {k: [v for one in taken for v in one[k][1]] for k in tolerances})
+
+    taken = [dict(run(0))]
+    screened = screen is not None and any(screen.get(k, t) < t for k, t in tolerances.items())
+    first = "first look" + (" (screened)" if screened else "")
+    tripped = recording = False
     for key in tolerances:
-        ref[key] = [*looks[0][key][0], *looks[1][key][0]]
-        cand[key] = [*looks[0][key][1], *looks[1][key][1]]
-        judge("pooled (the verdict)", key, ref[key], cand[key])
+        r, c = taken[0][key]
+        tripped = judge(first, key, r, c, (screen or {}).get(key, tolerances[key])) or tripped
+        recording = recording or (records is not None and records(key, r, c))
+    if not tripped and not recording:  # the first look passed: the verdict
+        return lines, {k: list(taken[0][k][0]) for k in tolerances}, {k: list(taken[0][k][1]) for k in tolerances}
+    if recording:
+        lines.append("recording a baseline: a second look (fresh engines) is taken, and the pooled rounds of "
+                     "the looks are the verdict and the baseline (Note [baselines of two engine pairs])")
+    names = ("second look", "third look")[:looks - 1 if tripped else 1]
+    worse = False
+    for n, name in enumerate(names, 1):
+        taken.append(dict(run(n)))
+        for key in tolerances:
+            r, c = taken[n][key]
+            worse = judge(name, key, r, c, tolerances[key]) or worse
+    if looks == 2 and tripped and not recording and not worse:  # Note [second look]: the second clears the first
+        lines.append("the verdict: the second look (fresh engines) passed; its rounds are the verdict")
+        return lines, {k: list(taken[1][k][0]) for k in tolerances}, {k: list(taken[1][k][1]) for k in tolerances}
+    ref, cand = pooled(taken)
+    for key in tolerances:
+        judge("pooled (the verdict)", key, ref[key], cand[key], tolerances[key])
     return lines, ref, cand
 
 

@@ -281,6 +281,18 @@ class PairedDefaults:
     """The ratios moving by more than this against the stored baseline fail."""
     together: bool = False
     """Both engines run each pair's rounds at the same time (Note [rounds together])."""
+    screen: float | None = None
+    """The first look's in-run tolerance: a first look worse than this asks for more looks (Note [three looks] in
+    :mod:`vramgate.engine.looks`); ``None``: :attr:`tolerance`."""
+    looks: int = 2
+    """The most looks a test takes (2, or 3: Note [three looks])."""
+
+    def __post_init__(self) -> None:
+        if self.looks not in (2, 3):
+            raise ValueError(f"a paired test takes 2 or 3 looks at most, not {self.looks}")
+        if self.screen is not None and not 0 < self.screen <= self.tolerance:
+            raise ValueError(f"the first look's screen {self.screen} must be above 0 and at most the tolerance "
+                             f"{self.tolerance}")
 
 
 #: CPU (2 cores): idle, one pair at a time, 0 false alarms in 19 unchanged trials, +10% caught in 18 of 19. Beside the
@@ -292,7 +304,8 @@ class PairedDefaults:
 #: GPU: from the kernel campaign on an H200 (interleaved calls): 5% gave 0 false alarms in 22,400 history and
 #: 160 in-run comparisons and caught +10% in all. Engine pairs on a GPU are not measured yet.
 PAIRED_DEFAULTS = {
-    "cpu": PairedDefaults(rounds=30, stat="step", tolerance=0.075, alpha=0.05, history_tolerance=0.10, together=True),
+    "cpu": PairedDefaults(rounds=30, stat="step", tolerance=0.075, alpha=0.05, history_tolerance=0.10, together=True,
+                          screen=0.05, looks=3),
     "gpu": PairedDefaults(rounds=30, stat="step", tolerance=0.05, alpha=0.01, history_tolerance=0.05),
 }
 

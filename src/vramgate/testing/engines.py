@@ -132,7 +132,9 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
 
     Each look is judged as the end of the test will judge it (in-run, the noise guard, the stored baseline:
     :meth:`~vramgate.pytest_plugin.fixture.Gate.paired_checks`); a first look that fails any is followed by a
-    second with fresh engines in a quiet section (Note [second look]), which must fail on its own and pooled.
+    second with fresh engines in a quiet section (Note [second look]), which must fail on its own and pooled; where
+    the tier takes three looks, a first look past the screen is followed by two, and their pooled rounds with the
+    first's are the verdict (Note [three looks]).
     The looks go into the test's report and into a failing test's message. ``VRAMGATE_PLANT_CANDIDATE_DELAY``
     plants a delay in the candidate's engine steps only (Note [planted delay] in :mod:`vramgate.engine.measure`),
     how the gate's detection in its own configuration is measured (docs/calibration.md)."""
@@ -147,7 +149,7 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
         with contextlib.ExitStack() as stack:
             if n:  # Note [second look]: fresh engines, the other workers waiting
                 got = stack.enter_context(quiet.quiet())
-                quiet_lines.append(f"second look, {got}")
+                quiet_lines.append(f"{('second', 'third')[n - 1]} look, {got}")
             engines = stack.enter_context(PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}",
                                                         cache_root=cache_root))
             return engines.run(settings.rounds, seed=n, together=settings.together).stats(settings.stat)
@@ -163,6 +165,7 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also, records=records)
     looks += quiet_lines
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
-    assert len(reference_rounds) == len(candidate_rounds) in (settings.rounds, 2 * settings.rounds)
+    assert len(reference_rounds) == len(candidate_rounds) in (settings.rounds, 2 * settings.rounds,
+                                                               3 * settings.rounds)
     gate.record_paired(name, reference_rounds, candidate_rounds, tolerance=settings.tolerance, alpha=settings.alpha,
                        history_tolerance=settings.history_tolerance, looks=looks)

@@ -269,24 +269,59 @@ class Rules:
     alpha: float
     history_tolerance: float
     second: str = "both"
-    """How a second look decides (Note [second look]): ``pooled`` (the pooled rounds fail), ``alone`` (the second
-    look's own rounds fail) or ``both`` (both: the gate's rule)."""
+    """How the looks after a failing first decide (Note [second look], Note [three looks] in
+    :mod:`vramgate.engine.looks`): ``pooled`` (the pooled rounds of two fail), ``alone`` (the second look's own
+    rounds fail), ``both`` (both: the rule of two looks) or ``three`` (two more looks; the pooled rounds of all
+    three fail)."""
+    screen: float | None = None
+    """The first look's in-run tolerance (Note [three looks]); ``None``: :attr:`tolerance`."""
 
-    def confirms(self, first: TrialData, second: TrialData, base: Sequence[float] | None) -> bool:
-        """Whether a second look *second* after a failing first look *first* fails the test."""
-        pooled = bool(self.fails(first.ref + second.ref, first.cand + second.cand, base))
-        alone = bool(self.fails(second.ref, second.cand, base))
-        return {"pooled": pooled, "alone": alone, "both": pooled and alone}[self.second]
+    @property
+    def further(self) -> int:
+        """The looks taken after a first that fails."""
+        return 2 if self.second == "three" else 1
 
-    def fails(self, ref: Sequence[float], cand: Sequence[float], base: Sequence[float] | None) -> list[str]:
-        """Which checks a look with these rounds fails, as the end of the test judges them: ``in-run``,
-        ``noise`` (Note [noise guard]) and, against the stored ratios *base*, ``history``."""
+    def describe(self) -> str:
+        """The rule in words, for a report's header."""
+        first = "" if self.screen is None else f"; first look screened at {self.screen:.1%}"
+        if self.second == "three":
+            return f"three looks{first}, the pooled rounds of all three the verdict"
+        return f"two looks{first}, the second deciding by {self.second!r}"
+
+    @classmethod
+    def of(cls, settings: Any) -> Rules:
+        """The rules of a tier's :class:`~vramgate.engine.paired.PairedDefaults`."""
+        return cls(settings.tolerance, settings.alpha, settings.history_tolerance,
+                   "three" if settings.looks == 3 else "both", settings.screen)
+
+    def first_fails(self, first: TrialData, base: Sequence[float] | None) -> list[str]:
+        """Which checks a first look fails (its in-run check at the screen)."""
+        return self.fails(first.ref, first.cand, base, screened=True)
+
+    def confirms(self, first: TrialData, *more: TrialData, base: Sequence[float] | None) -> bool:
+        """Whether the further looks *more* (:attr:`further` of them) after a failing first look *first* fail the
+        test."""
+        if len(more) != self.further:
+            raise ValueError(f"{self.second!r} takes {self.further} further looks, got {len(more)}")
+        looks = (first, *more)
+        pooled = bool(self.fails([v for t in looks for v in t.ref], [v for t in looks for v in t.cand], base))
+        if self.second in ("three", "pooled"):
+            return pooled
+        alone = bool(self.fails(more[0].ref, more[0].cand, base))
+        return {"alone": alone, "both": pooled and alone}[self.second]
+
+    def fails(self, ref: Sequence[float], cand: Sequence[float], base: Sequence[float] | None, *,
+              screened: bool = False) -> list[str]:
+        """Which checks a look with these rounds fails, as the end of the test judges them: ``in-run`` (at the
+        screen where *screened*), ``noise`` (Note [noise guard]) and, against the stored ratios *base*,
+        ``history``."""
         from vramgate.core.checks import check_baseline
         from vramgate.core.metrics import Metric, median
         from vramgate.core.stats import compare_pairs, detectable_pair_shift
 
         out = []
-        if compare_pairs(ref, cand, better="lower", tolerance=self.tolerance, alpha=self.alpha).regressed:
+        tolerance = self.screen if screened and self.screen is not None else self.tolerance
+        if compare_pairs(ref, cand, better="lower", tolerance=tolerance, alpha=self.alpha).regressed:
             out.append("in-run")
         if detectable_pair_shift(ref, cand, alpha=self.alpha) > self.tolerance:
             out.append("noise")
@@ -298,6 +333,19 @@ class Rules:
             if check_baseline(now, then)[0] == "regressed":
                 out.append("history")
         return out
+
+
+#: The most sets of further looks :func:`judge_group` tries per failing first look (evenly spread).
+MAX_FURTHER = 100
+
+
+def further_looks(others: Sequence[TrialData], rules: Rules) -> list[tuple[TrialData, ...]]:
+    """The sets of further looks a failing first look is confirmed with, drawn from *others* (trials of fresh
+    engines): each other trial (two looks), or each pair of them (three), at most :data:`MAX_FURTHER`."""
+    import itertools
+
+    sets = list(itertools.combinations(others, rules.further))
+    return sets[::max(1, -(-len(sets) // MAX_FURTHER))]
 
 
 def _ratio(t: TrialData) -> float:
@@ -312,14 +360,14 @@ def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] 
     second look, here each other trial in turn: fresh engines, as the gate takes it)."""
     from vramgate.core.stats import detectable_pair_shift
 
-    first = [rules.fails(t.ref, t.cand, base) for t in group]
+    first = [rules.first_fails(t, base) for t in group]
     verdicts = []
     for i, t in enumerate(group):
         if not first[i]:
             verdicts.append(0.0)
             continue
-        others = [u for j, u in enumerate(group) if j != i]
-        pooled = [rules.confirms(t, u, base) for u in others]
+        sets = further_looks([u for j, u in enumerate(group) if j != i], rules)
+        pooled = [rules.confirms(t, *more, base=base) for more in sets]
         verdicts.append(sum(pooled) / len(pooled) if pooled else 1.0)
     ratios = [_ratio(t) for t in group]
     logs = [math.log(r) for r in ratios]
@@ -361,15 +409,16 @@ def judge_against_own(group: Sequence[TrialData], unchanged: Sequence[TrialData]
         first_rate = fail_rate = 0.0
         for chosen in bases:
             base = [c / r for b in chosen for r, c in zip(b.ref, b.cand, strict=True)]
-            first = rules.fails(t.ref, t.cand, base)
+            first = rules.first_fails(t, base)
             if not first:
                 continue
             first_rate += 1 / len(bases)
             for check in first:
                 by[check] += 1 / len(bases)
             used = {t.index, *(b.index for b in chosen)}
-            others = [u for u in group if u.index not in used]
-            fail_rate += (sum(rules.confirms(t, u, base) for u in others) / len(others) if others else 1.0) / len(bases)
+            sets = further_looks([u for u in group if u.index not in used], rules)
+            fail_rate += (sum(rules.confirms(t, *more, base=base) for more in sets) / len(sets) if sets else 1.0
+                          ) / len(bases)
         if not bases:  # too few other unchanged trials: judged without a baseline
             first_rate, fail_rate = float(out["fails_per_first_look"][i]), out["fails_per_trial"][i]
         per_first.append(first_rate)
@@ -399,8 +448,7 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
 
     if bootstrap and not model_runs:
         raise ValueError("a bootstrap refits the noise model: give model_runs too")
-    d = PAIRED_DEFAULTS["cpu"]
-    rules = rules or Rules(d.tolerance, d.alpha, d.history_tolerance)
+    rules = rules or Rules.of(PAIRED_DEFAULTS["cpu"])
     by: dict[tuple[str, str], list[TrialData]] = {}
     for t in sorted(trials, key=lambda t: t.index):
         by.setdefault((t.profile, t.condition), []).append(t)
@@ -448,7 +496,8 @@ def analyze(trials: Sequence[TrialData], baselines: dict[str, list[float]] | Non
     for u in unchanged:
         survive *= 1 - u["fails"] / u["trials"]
     own = sorted(p for p, c in profiles.items() if "history_baselines" in c.get("unchanged", {}))
-    return {"rules": {"tolerance": rules.tolerance, "alpha": rules.alpha, "history_tolerance": rules.history_tolerance},
+    return {"rules": {"tolerance": rules.tolerance, "alpha": rules.alpha, "history_tolerance": rules.history_tolerance,
+                      "screen": rules.screen, "second": rules.second, "described": rules.describe()},
             "profiles": profiles, "models": models, "gate_runs": runs, "gate_runs_first_look_failed": failed_runs,
             "gate_run_false_alarm_estimate": 1 - survive, "history_baselines": sorted(baselines or {}),
             "own_history": own, "baseline_pairs": baseline_pairs, "bootstrap": bootstrap,
@@ -491,8 +540,8 @@ class NoiseModel:
 
 def simulate(model: NoiseModel, rules: Rules, *, rounds: int | None = None, shift: float = 0.0, runs: int = 2000,
              history: bool = True, seed: int = 0, baseline_pairs: int = 1) -> float:
-    """How often the paired test fails under *model*: a first look, a second (fresh engines) when it fails, the
-    pooled verdict; against a baseline of *baseline_pairs* other unchanged engine pairs' looks, pooled, where
+    """How often the paired test fails under *model*: a first look, further ones (fresh engines) when it fails, the
+    verdict of *rules*; against a baseline of *baseline_pairs* other unchanged engine pairs' looks, pooled, where
     *history*. A look has *rounds* pairs (default: the model's)."""
     import random
 
@@ -507,11 +556,11 @@ def simulate(model: NoiseModel, rules: Rules, *, rounds: int | None = None, shif
                 r, c = model.look(rng, rounds)
                 base += [y / x for x, y in zip(r, c, strict=True)]
         ref, cand = model.look(rng, rounds, shift)
-        if not rules.fails(ref, cand, base):
+        first = TrialData("", "", 0, ref, cand, True)
+        if not rules.first_fails(first, base):
             continue
-        ref2, cand2 = model.look(rng, rounds, shift)
-        first, second = (TrialData("", "", 0, ref, cand, True), TrialData("", "", 1, ref2, cand2, True))
-        fails += rules.confirms(first, second, base)
+        more = [TrialData("", "", n, *model.look(rng, rounds, shift), True) for n in range(1, 1 + rules.further)]
+        fails += rules.confirms(first, *more, base=base)
     return fails / runs
 
 
@@ -556,7 +605,8 @@ def render(result: dict[str, Any]) -> str:
     r = result["rules"]
     together = result.get("together")
     way = "" if together is None else " Rounds together." if together else " Rounds one after the other."
-    lines = [f"Statistic `{result.get('stat', 'step')}`.{way} In-run tolerance {r['tolerance']:.1%} "
+    rule = f" Rule: {r['described']}." if r.get("described") else ""
+    lines = [f"Statistic `{result.get('stat', 'step')}`.{way}{rule} In-run tolerance {r['tolerance']:.1%} "
              f"(alpha {r['alpha']:g}), history tolerance "
              f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}"
              + (f"; the campaign's own unchanged trials, {result.get('baseline_pairs', 1)} pooled, as baselines "
@@ -564,7 +614,7 @@ def render(result: dict[str, Any]) -> str:
                 if result.get("own_history") else "") + ".",
              "",
              "| profile | condition | trials | ratio, trial medians | SD between trials | largest detectable "
-             "shift | first looks failing (in-run / noise / history) | tests failing (after the second look) |",
+             "shift | first looks failing (in-run / noise / history) | tests failing (after the further looks) |",
              "|---|---|---|---|---|---|---|---|"]
     for profile, conditions in result["profiles"].items():
         for condition, e in conditions.items():
@@ -595,7 +645,7 @@ def render(result: dict[str, Any]) -> str:
              f"{failed:.2f} of {result['gate_runs']} (expected, over the baselines)")
     lines += ["", f"Gate runs (one unchanged trial of each profile): first looks failed in "
               f"{shown}; estimated false alarms per "
-              f"gate run after the second look: {result['gate_run_false_alarm_estimate']:.2%}."]
+              f"gate run after the further looks: {result['gate_run_false_alarm_estimate']:.2%}."]
     if result.get("gate_run_false_alarm_model_upper") is not None:
         lines += ["", f"The model's false alarms per gate run (every profile's test), 95% upper bound over "
                   f"{result['bootstrap']} refits to resampled trials (Note [bootstrap bound]): "
@@ -641,6 +691,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--tolerance", type=float)
     z.add_argument("--alpha", type=float)
     z.add_argument("--history-tolerance", type=float)
+    z.add_argument("--looks", type=int, choices=(2, 3),
+                   help="the most looks a test takes (default: the CPU tier's; Note [three looks])")
+    z.add_argument("--screen", type=float,
+                   help="the first look's in-run tolerance (default: the CPU tier's; 0: none, the tolerance)")
     z.add_argument("--json", type=Path, help="also write the analysis here")
     z.add_argument("--stat", help="the trials of this statistic (default: the CPU tier's)")
     z.add_argument("--together", choices=("yes", "no"),
@@ -665,8 +719,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
     d = PAIRED_DEFAULTS["cpu"]
+    looks = d.looks if args.looks is None else args.looks
+    screen = d.screen if args.screen is None else (args.screen or None)
     rules = Rules(d.tolerance if args.tolerance is None else args.tolerance, d.alpha if args.alpha is None else
-                  args.alpha, d.history_tolerance if args.history_tolerance is None else args.history_tolerance)
+                  args.alpha, d.history_tolerance if args.history_tolerance is None else args.history_tolerance,
+                  "three" if looks == 3 else "both", screen)
     stat = args.stat or d.stat
     way = None if args.together is None else args.together == "yes"
     trials = [t for t in load_trials(args.folders) if t.stat == stat and (way is None or t.together is way)]
