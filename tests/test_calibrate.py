@@ -395,3 +395,69 @@ def test_the_noise_models_rates_are_bounded_by_refits_to_resampled_trials() -> N
     assert "95% upper" in render(result) and "refits to resampled trials" in render(result)
     with pytest.raises(ValueError, match="model_runs"):
         analyze(alike, rules=rules, bootstrap=5)
+
+
+def test_three_looks_in_the_analysis_pool_each_pair_of_other_trials_with_a_screened_first_look() -> None:
+    """Note [three looks] as the analysis applies it: a first look past the screen (and not the tolerance) is
+    followed by each pair of other trials, and the pooled rounds of the three decide; one unchanged trial whose
+    engine ran slow all its life cannot fail the test, where two looks that both fail would have caught only
+    part of a regression the first look saw past the screen."""
+    from vramgate.tools.calibration.gate_paired import Rules, TrialData, analyze, further_looks, render
+
+    rng = random.Random(5)
+
+    def trial(condition: str, index: int, shift: float) -> TrialData:
+        ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(30)]
+        return TrialData("p", condition, index, ref, [r * (1 + shift) * rng.lognormvariate(0, 0.02) for r in ref],
+                         True)
+
+    unchanged = [trial("unchanged", i, 0.0) for i in range(5)] + [trial("unchanged", 5, 0.16)]  # one slow pair
+    planted = [trial("delay-10%", 10 + i, shift) for i, shift in enumerate((0.06, 0.085, 0.09, 0.095, 0.10, 0.11))]
+    three, two = Rules(0.075, 0.05, 0.10, "three", 0.05), Rules(0.075, 0.05, 0.10)
+    assert three.further == 2 and two.further == 1 and "three looks; first look screened at 5.0%" in three.describe()
+    assert len(further_looks(unchanged[1:], three)) == 10 and len(further_looks(unchanged[1:], two)) == 5
+    with pytest.raises(ValueError, match="takes 2 further looks"):
+        three.confirms(unchanged[0], unchanged[1], base=None)
+    # the first look screened at 5%: 1.06 is past the screen, not past the tolerance
+    assert three.first_fails(planted[0], None) == ["in-run"] and two.first_fails(planted[0], None) == []
+    new, old = analyze(unchanged + planted, rules=three), analyze(unchanged + planted, rules=two)
+    for result in (new, old):
+        assert result["profiles"]["p"]["unchanged"]["first_look_fails"] == 1  # the slow pair
+        assert result["profiles"]["p"]["unchanged"]["fails"] == 0  # ... which the further looks clear
+    caught_new, caught_old = (r["profiles"]["p"]["delay-10%"]["fails"] for r in (new, old))
+    assert caught_new == 6 and caught_old < 5, (caught_new, caught_old)
+    assert new["rules"]["screen"] == 0.05 and "Rule: three looks; first look screened at 5.0%" in render(new)
+
+
+def test_three_looks_catch_more_of_a_regression_near_the_tolerance_in_the_noise_model() -> None:
+    """Where one look catches +10% about 80% of the time (engine pairs 2.5% apart, the tolerance 7.5%), two looks
+    that must both fail catch about its square (two thirds); three, the first screened, catch far more (seven
+    in eight); an unchanged tree fails neither."""
+    from vramgate.tools.calibration.gate_paired import NoiseModel, Rules, simulate
+
+    model = NoiseModel(0.0, 0.025, (0.05,))
+    three, two = Rules(0.075, 0.05, 0.10, "three", 0.05), Rules(0.075, 0.05, 0.10)
+    caught_three = simulate(model, three, runs=300, shift=0.1, history=False, seed=1)
+    caught_two = simulate(model, two, runs=300, shift=0.1, history=False, seed=1)
+    assert caught_three > 0.82 and caught_two < 0.75 and caught_three > caught_two + 0.15, (caught_three, caught_two)
+    assert simulate(model, three, runs=300, history=False, seed=2) <= 0.01
+
+
+def test_the_analysis_command_applies_either_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``analyze`` takes the CPU tier's rule (three looks, screened) unless told ``--looks 2 --screen 0``."""
+    import json
+
+    from vramgate.engine import paired_defaults
+    from vramgate.tools.calibration.gate_paired import main
+
+    rng = random.Random(9)
+    with (tmp_path / "trials.jsonl").open("w") as f:
+        for i in range(4):
+            ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(30)]
+            f.write(json.dumps({"profile": "p", "condition": "unchanged", "index": i, "ref": ref,
+                                "cand": [r * rng.lognormvariate(0, 0.02) for r in ref], "stat": "step"}) + "\n")
+    cpu = paired_defaults("cpu")
+    assert main(["analyze", str(tmp_path)]) == 0
+    assert f"Rule: three looks; first look screened at {cpu.screen:.1%}" in capsys.readouterr().out
+    assert main(["analyze", str(tmp_path), "--looks", "2", "--screen", "0"]) == 0
+    assert "Rule: two looks, the second deciding by 'both'" in capsys.readouterr().out

@@ -78,7 +78,8 @@ def test_backend_kv_capacity(gate: Gate, engine: Engine, profile: Profile | None
 def test_backend_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, tmp_path: Path, profile: Profile,
                                request: pytest.FixtureRequest) -> None:
     """Per-round median engine step of the profile's backend over vLLM's automatic choice, at the same block size;
-    a failing first look is confirmed by a second (Note [second look] in vramgate.engine.looks)."""
+    a failing first look is confirmed by fresh engines (Note [second look] in vramgate.engine.looks: a GPU-tier test,
+    two looks)."""
     gpu_tier_only()
     skip_unmet(profile)
     reference = latency_spec(MODEL)

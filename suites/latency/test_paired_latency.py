@@ -30,7 +30,8 @@ from vramgate.testing import (
 def test_profile_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, model_shape: ModelLoader,
                                tmp_path: Path, profile: Profile, request: pytest.FixtureRequest) -> None:
     """Per-round median engine step of the profile over the unpatched engine's, on the calibration workload; a
-    failing first look is confirmed by a second (Note [second look] in vramgate.engine.looks)."""
+    failing first look is confirmed by fresh engines (Note [three looks] in vramgate.engine.looks on the CPU tier,
+    Note [second look] on a GPU)."""
     skip_unmet(profile)
     reference = latency_spec("tiny-llama")
     candidate = runnable_candidate(reference, profile, model_shape(reference.model).use_mla)

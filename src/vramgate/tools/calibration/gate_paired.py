@@ -10,10 +10,11 @@ candidate (Note [planted delay]). Every trial's rounds go to ``trials.jsonl`` as
 campaign keeps what it measured.
 
 ``analyze`` (pure: :func:`analyze`) applies the gate's own rules to the trials (the in-run look, the noise
-guard, the ratio against a stored baseline and against the campaign's other trials, and the second look of
-Note [second look] in :mod:`vramgate.engine.looks`, taken from another trial: a fresh pair of engines, as the
-gate takes it) and counts false alarms per gate run (any profile's test failing on an unchanged tree) and
-detections per profile, with exact (Clopper-Pearson) 95% bounds.
+guard, the ratio against a stored baseline and against the campaign's other trials, and the further looks of
+Note [three looks] or Note [second look] in :mod:`vramgate.engine.looks`, taken from other trials: fresh pairs of
+engines, as the gate takes them; a campaign's trials serve either rule, :class:`Rules`) and counts false alarms
+per gate run (any profile's test failing on an unchanged tree) and detections per profile, with exact
+(Clopper-Pearson) 95% bounds.
 
 Longer than 400 lines: the campaign, the rules it applies and the noise model that extrapolates them are one
 measurement, kept in one place so that the figures in docs/calibration.md come from one module.
@@ -356,8 +357,8 @@ def _ratio(t: TrialData) -> float:
 
 def judge_group(group: Sequence[TrialData], rules: Rules, base: Sequence[float] | None) -> dict[str, Any]:
     """One profile's trials of one condition under *rules*: how often a first look fails (and which checks), and
-    how often the test fails (Note [second look]: a first look that fails, then the pooled rounds of it and of a
-    second look, here each other trial in turn: fresh engines, as the gate takes it)."""
+    how often the test fails (a first look that fails, then the further looks of *rules*, here each other trial,
+    or pair of other trials, in turn: fresh engines, as the gate takes them; :func:`further_looks`)."""
     from vramgate.core.stats import detectable_pair_shift
 
     first = [rules.first_fails(t, base) for t in group]
@@ -396,7 +397,7 @@ def judge_against_own(group: Sequence[TrialData], unchanged: Sequence[TrialData]
                       pairs: int = BASELINE_PAIRS) -> dict[str, Any]:
     """:func:`judge_group` against baselines made of *pairs* of the profile's *unchanged* trials but the judged one
     (other engine pairs' unchanged looks, pooled, as the gate records a baseline on this machine), each such
-    baseline in turn (at most :data:`MAX_BASELINES`, evenly spread); a failing first look's second looks are the
+    baseline in turn (at most :data:`MAX_BASELINES`, evenly spread); a failing first look's further looks are the
     other trials but those. Counts are means over the baselines (fractions of trials)."""
     import itertools
 
