@@ -235,11 +235,15 @@ def test_a_run_that_records_the_baseline_pools_two_engine_pairs() -> None:
     fake = _FakeLooks(0.0, 0.0)
     ref, cand, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=records)  # screened, three at most
     assert fake.calls == [0, 1] and len(ref) == len(cand) == 60 and asked == [30]  # asked of the first look only
-    assert lines[1].startswith("recording a baseline: a second look (fresh engines) is taken")
+    assert lines[1].startswith("recording a baseline: a second look (fresh engines) taken")
     assert lines[-1].startswith("pooled (the verdict): 60 pairs") and "not worse" in lines[-1]
     fake = _FakeLooks(0.0)
     ref, _, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=lambda *_: False)
     assert fake.calls == [0] and len(ref) == 30 and len(lines) == 1
+    fake = _FakeLooks(0.06, 0.0, 0.0)  # a first look past the CPU tier's screen: three engine pairs in the baseline
+    ref, _, lines = confirmed_rounds(fake.take, paired_defaults("cpu"), records=records)
+    assert fake.calls == [0, 1, 2] and len(ref) == 90
+    assert lines[1].startswith("recording a baseline: two more looks (fresh engines) taken")
 
 
 @pytest.mark.parametrize(("shifts", "rounds", "worse"), [

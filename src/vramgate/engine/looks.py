@@ -121,8 +121,9 @@ def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float],
     if not tripped and not recording:  # the first look passed: the verdict
         return lines, {k: list(taken[0][k][0]) for k in tolerances}, {k: list(taken[0][k][1]) for k in tolerances}
     if recording:
-        lines.append("recording a baseline: a second look (fresh engines) is taken, and the pooled rounds of "
-                     "the looks are the verdict and the baseline (Note [baselines of two engine pairs])")
+        lines.append(f"recording a baseline: {'two more looks' if tripped and looks == 3 else 'a second look'} "
+                     "(fresh engines) taken, and the pooled rounds of the looks are the verdict and the baseline "
+                     "(Note [baselines of two engine pairs])")
     names = ("second look", "third look")[:looks - 1 if tripped else 1]
     worse = False
     for n, name in enumerate(names, 1):

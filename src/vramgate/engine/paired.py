@@ -299,8 +299,10 @@ class PairedDefaults:
 #: other xdist worker (docs/calibration.md, per gate run), rounds together, each round's median step, a second look
 #: failing on its own: 0.75 of 91 unchanged tests failed (2.5% per gate run, estimated), 56-66% of a planted +10%
 #: caught per profile (173 trials). The step floor (Note [step floor] in vramgate.tools.calibration.gate_paired) did
-#: no better on the gate's rules (64 trials). The 1% / 95% targets are out of reach of one engine pair per look on
-#: this host (the doc says why).
+#: no better on the gate's rules (64 trials). Three looks, the first screened at 5% (Note [three looks] in
+#: vramgate.engine.looks), on the same campaigns' trials: the Xeon's (160) caught 98-100% of the planted +10% per
+#: profile where two looks caught 71-100%, the AVX-512 EPYC's 75-84% where two caught 56-66%, with as many false
+#: alarms or fewer (docs/calibration.md, "Three looks against two").
 #: GPU: from the kernel campaign on an H200 (interleaved calls): 5% gave 0 false alarms in 22,400 history and
 #: 160 in-run comparisons and caught +10% in all. Engine pairs on a GPU are not measured yet.
 PAIRED_DEFAULTS = {
