@@ -34,7 +34,10 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vramgate.engine.paired import PairedDefaults
 
 #: The planted delay a detection trial gives the candidate's engine steps.
 PLANTED = 0.10
@@ -290,7 +293,7 @@ class Rules:
         return f"two looks{first}, the second deciding by {self.second!r}"
 
     @classmethod
-    def of(cls, settings: Any) -> Rules:
+    def of(cls, settings: PairedDefaults) -> Rules:
         """The rules of a tier's :class:`~vramgate.engine.paired.PairedDefaults`."""
         return cls(settings.tolerance, settings.alpha, settings.history_tolerance,
                    "three" if settings.looks == 3 else "both", settings.screen)
