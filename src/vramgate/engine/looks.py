@@ -47,7 +47,7 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
 
     Note [three looks]: the price of two looks that must both fail is detection: a look that catches a +10% step
     regression with probability p makes a test that catches it with about p squared (0.89 gives 0.80; on a 2-core
-    Xeon 71% of the planted +10% of `block-manager-watermark` failed the test, docs/calibration.md). Where the
+    Xeon 72.5% of the planted +10% of `block-manager-watermark` failed the test, docs/calibration.md). Where the
     tier takes three looks (the CPU tier), the first look is screened at a lower tolerance (:attr:`PairedDefaults.
     screen`, 5% where the tolerance is 7.5%): one that passes it is the verdict; one that does not is followed by
     two looks with fresh engines, in a quiet section, and the verdict is the pooled rounds of all three, judged at
