@@ -461,3 +461,6 @@ def test_the_analysis_command_applies_either_rule(tmp_path: Path, capsys: pytest
     assert f"Rule: three looks; first look screened at {cpu.screen:.1%}" in capsys.readouterr().out
     assert main(["analyze", str(tmp_path), "--looks", "2", "--screen", "0"]) == 0
     assert "Rule: two looks, the second deciding by 'both'" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a screen above the tolerance: refused as the tier's settings refuse it
+        main(["analyze", str(tmp_path), "--tolerance", "0.04"])
+    assert "screen 0.05 must be above 0 and at most the tolerance 0.04" in capsys.readouterr().err

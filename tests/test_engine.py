@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -308,3 +308,59 @@ def test_vllms_ipc_sockets_fit_a_unix_socket_path_under_a_deep_run_folder(tmp_pa
     assert len(f"{env['VLLM_RPC_BASE_PATH']}/{uuid.uuid4()}") <= UNIX_SOCKET_PATH_MAX
     assert len(f"{env['TMPDIR']}/{uuid.uuid4()}") > UNIX_SOCKET_PATH_MAX  # vLLM's default would not fit
     assert Path(env["VLLM_RPC_BASE_PATH"]).is_dir()
+
+
+def test_the_further_looks_of_a_paired_step_test_share_one_quiet_section(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    """A first look past the CPU tier's screen is followed by two looks of fresh engines (a new pair each) inside one
+    quiet section, entered once and left after the last look; the verdict's 90 rounds are recorded with the looks."""
+    import contextlib
+    import random
+    from types import SimpleNamespace
+
+    from vramgate.testing import engines as module
+
+    rng = random.Random(4)
+    started: list[str] = []
+    events: list[str] = []
+
+    class FakeEngines:
+        def __init__(self, reference: object, candidate: object, root: Path, run_dir: Path, **_: object) -> None:
+            started.append(run_dir.name)
+
+        def __enter__(self) -> FakeEngines:
+            events.append(f"start {started[-1]}")
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            events.append(f"close {started[-1]}")
+
+        def run(self, rounds: int, **_: object) -> SimpleNamespace:
+            shift = 0.06 if len(started) == 1 else 0.0  # past the 5% screen, then unchanged
+            ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(rounds)]
+            cand = [r * (1 + shift) * rng.lognormvariate(0, 0.02) for r in ref]
+            return SimpleNamespace(stats=lambda stat: (ref, cand))
+
+    @contextlib.contextmanager
+    def fake_quiet() -> Iterator[str]:
+        events.append("quiet")
+        yield "quiet: waited 0.0 s"
+        events.append("loud")
+
+    recorded: dict[str, object] = {}
+    gate = SimpleNamespace(paired_checks=lambda *a, **k: [], writes_paired_baseline=lambda *a, **k: False,
+                           record_paired=lambda name, ref, cand, **k: recorded.update(name=name, n=len(ref), **k))
+    sections: list[tuple[str, str, str]] = []
+    request = SimpleNamespace(node=SimpleNamespace(add_report_section=lambda *a: sections.append(a)))
+    monkeypatch.setattr(module, "engine_tier", lambda: "cpu")
+    monkeypatch.setattr(module, "PairedEngines", FakeEngines)
+    monkeypatch.setattr(module.quiet, "quiet", fake_quiet)
+    module.record_paired_step(gate, EngineSpec(model="tiny-llama"), EngineSpec(model="tiny-llama"), request,
+                              project_root=ROOT, run_dir=tmp_path, cache_root=tmp_path / "cache")
+    assert started == ["look-0", "look-1", "look-2"]
+    assert events == ["start look-0", "close look-0", "quiet", "start look-1", "close look-1", "start look-2",
+                      "close look-2", "loud"]
+    assert recorded["n"] == 90 and recorded["name"] == "step_ratio"
+    lines = sections[0][2].splitlines()
+    assert lines[0].startswith("first look (screened)") and lines[-1] == "further looks, quiet: waited 0.0 s"
+    assert any(line.startswith("pooled (the verdict): 90 pairs") for line in lines)

@@ -15,6 +15,10 @@ from vramgate.engine.paired import PairedDefaults
 Also = Callable[[str, Sequence[float], Sequence[float]], Sequence[tuple[str, bool]]]
 
 
+#: The looks' names, by number (``run(n)``/``take(n)`` takes ``LOOK_NAMES[n]``).
+LOOK_NAMES = ("first look", "second look", "third look")
+
+
 #: Whether a look's samples of a statistic become a stored baseline when the test passes
 #: (``Gate.writes_paired_baseline``): ``records(statistic, reference samples, candidate samples)``.
 Records = Callable[[str, Sequence[float], Sequence[float]], bool]
@@ -117,7 +121,7 @@ def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float],
 
     taken = [dict(run(0))]
     screened = screen is not None and any(screen.get(k, t) < t for k, t in tolerances.items())
-    first = "first look" + (" (screened)" if screened else "")
+    first = LOOK_NAMES[0] + (" (screened)" if screened else "")
     tripped = recording = False
     for key in tolerances:
         r, c = taken[0][key]
@@ -129,9 +133,9 @@ def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float],
         lines.append(f"recording a baseline: {'two more looks' if tripped and looks == 3 else 'a second look'} "
                      "(fresh engines) taken, and the pooled rounds of the looks are the verdict and the baseline "
                      "(Note [baselines of two engine pairs])")
-    names = ("second look", "third look")[:looks - 1 if tripped else 1]
     worse = False
-    for n, name in enumerate(names, 1):
+    for n in range(1, looks if tripped else 2):
+        name = LOOK_NAMES[n]
         taken.append(dict(run(n)))
         for key in tolerances:
             r, c = taken[n][key]

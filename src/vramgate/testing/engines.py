@@ -144,14 +144,12 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     if delay:
         candidate = candidate.replace(env={**candidate.env, PLANT_DELAY_ENV: str(delay)})
     quiet_lines: list[str] = []
+    further = contextlib.ExitStack()  # one quiet section for every further look, held until the last is taken
 
     def take(n: int) -> tuple[list[float], list[float]]:
-        with contextlib.ExitStack() as stack:
-            if n:  # Note [second look]: fresh engines, the other workers waiting
-                got = stack.enter_context(quiet.quiet())
-                quiet_lines.append(f"{('second', 'third')[n - 1]} look, {got}")
-            engines = stack.enter_context(PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}",
-                                                        cache_root=cache_root))
+        if n == 1:  # Note [second look]: fresh engines, the other workers waiting
+            quiet_lines.append(f"further looks, {further.enter_context(quiet.quiet())}")
+        with PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}", cache_root=cache_root) as engines:
             return engines.run(settings.rounds, seed=n, together=settings.together).stats(settings.stat)
 
     def also(_: str, ref: Sequence[float], cand: Sequence[float]) -> list[tuple[str, bool]]:
@@ -162,10 +160,10 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
         return gate.writes_paired_baseline(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha,
                                            history_tolerance=settings.history_tolerance)
 
-    reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also, records=records)
+    with further:
+        reference_rounds, candidate_rounds, looks = confirmed_rounds(take, settings, also=also, records=records)
     looks += quiet_lines
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
-    assert len(reference_rounds) == len(candidate_rounds) in (settings.rounds, 2 * settings.rounds,
-                                                               3 * settings.rounds)
+    assert len(reference_rounds) == len(candidate_rounds) in {k * settings.rounds for k in range(1, settings.looks + 1)}
     gate.record_paired(name, reference_rounds, candidate_rounds, tolerance=settings.tolerance, alpha=settings.alpha,
                        history_tolerance=settings.history_tolerance, looks=looks)

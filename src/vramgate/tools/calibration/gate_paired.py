@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -723,11 +724,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vramgate.engine.paired import PAIRED_DEFAULTS
 
     d = PAIRED_DEFAULTS["cpu"]
-    looks = d.looks if args.looks is None else args.looks
-    screen = d.screen if args.screen is None else (args.screen or None)
-    rules = Rules(d.tolerance if args.tolerance is None else args.tolerance, d.alpha if args.alpha is None else
-                  args.alpha, d.history_tolerance if args.history_tolerance is None else args.history_tolerance,
-                  "three" if looks == 3 else "both", screen)
+    changes: dict[str, Any] = {k: v for k, v in (("tolerance", args.tolerance), ("alpha", args.alpha),
+                                                 ("history_tolerance", args.history_tolerance), ("looks", args.looks))
+                               if v is not None}
+    if args.screen is not None:
+        changes["screen"] = args.screen or None  # 0: no screen
+    try:
+        rules = Rules.of(dataclasses.replace(d, **changes))  # the tier's settings check what is given
+    except ValueError as exc:
+        parser.error(str(exc))
     stat = args.stat or d.stat
     way = None if args.together is None else args.together == "yes"
     trials = [t for t in load_trials(args.folders) if t.stat == stat and (way is None or t.together is way)]
