@@ -464,3 +464,30 @@ def test_the_analysis_command_applies_either_rule(tmp_path: Path, capsys: pytest
     with pytest.raises(SystemExit):  # a screen above the tolerance: refused as the tier's settings refuse it
         main(["analyze", str(tmp_path), "--tolerance", "0.04"])
     assert "screen 0.05 must be above 0 and at most the tolerance 0.04" in capsys.readouterr().err
+
+
+def test_analyze_reads_each_trials_first_rounds_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``analyze --rounds N`` judges each trial's first N round pairs, what a test of N rounds would have seen; it
+    says so, and refuses a count below 1 or above a trial's own."""
+    import json
+
+    from vramgate.tools.calibration.gate_paired import main
+
+    rng = random.Random(11)
+    lines = []
+    for i in range(6):  # the candidate is +20% from the 11th round pair on
+        ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(30)]
+        cand = [r * (1.2 if k >= 10 else 1.0) * rng.lognormvariate(0, 0.02) for k, r in enumerate(ref)]
+        lines.append(json.dumps({"profile": "p", "condition": "unchanged", "index": i, "ref": ref, "cand": cand,
+                                 "stat": "step", "together": False}))
+    (tmp_path / "trials.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["analyze", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "6.00 of 6" in text and "round pairs only" not in text
+    assert main(["analyze", str(tmp_path), "--rounds", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "0.00 of 6" in text and "Each trial's first 10 round pairs only." in text
+    for bad, why in (("0", "at least 1"), ("31", "trials 0, 1, 2, 3, 4 have fewer round pairs")):
+        with pytest.raises(SystemExit):
+            main(["analyze", str(tmp_path), "--rounds", bad])
+        assert why in capsys.readouterr().err

@@ -611,7 +611,8 @@ def render(result: dict[str, Any]) -> str:
     together = result.get("together")
     way = "" if together is None else " Rounds together." if together else " Rounds one after the other."
     rule = f" Rule: {r['described']}." if r.get("described") else ""
-    lines = [f"Statistic `{result.get('stat', 'step')}`.{way}{rule} In-run tolerance {r['tolerance']:.1%} "
+    part = f" Each trial's first {result['rounds']} round pairs only." if result.get("rounds") else ""
+    lines = [f"Statistic `{result.get('stat', 'step')}`.{way}{part}{rule} In-run tolerance {r['tolerance']:.1%} "
              f"(alpha {r['alpha']:g}), history tolerance "
              f"{r['history_tolerance']:.1%}; stored baselines for: {', '.join(result['history_baselines']) or 'none'}"
              + (f"; the campaign's own unchanged trials, {result.get('baseline_pairs', 1)} pooled, as baselines "
@@ -705,6 +706,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     z.add_argument("--together", choices=("yes", "no"),
                    help="only the trials whose rounds ran together (yes) or one after the other (no); a campaign "
                         "of run --both-ways holds both")
+    z.add_argument("--rounds", type=int,
+                   help="each trial's first N round pairs only: what a test of N rounds would have seen")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
     z.add_argument("--bootstrap", type=int, default=0,
                    help="refits of the noise model to resampled trials, for its rates' 95%% bounds (with --model-runs)")
@@ -739,11 +742,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trials:
         which = "" if way is None else (" with rounds together" if way else " with rounds one after the other")
         raise SystemExit(f"no trials of the statistic {stat!r}{which} in {', '.join(map(str, args.folders))}")
+    if args.rounds is not None:
+        short = [t.index for t in trials if len(t.ref) < args.rounds]
+        if args.rounds < 1 or short:
+            parser.error(f"--rounds {args.rounds}: " + ("must be at least 1" if args.rounds < 1 else
+                         f"trials {', '.join(map(str, short[:5]))} have fewer round pairs"))
+        trials = [dataclasses.replace(t, ref=t.ref[:args.rounds], cand=t.cand[:args.rounds]) for t in trials]
     result = analyze(trials, stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None, rules,
                      args.model_runs, own_history=args.own_history, baseline_pairs=args.baseline_pairs,
                      bootstrap=args.bootstrap)
     result["stat"] = stat
     result["together"] = way
+    result["rounds"] = args.rounds
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
     print(render(result))
