@@ -164,10 +164,27 @@ def servers(request: pytest.FixtureRequest, vllm_env: Path, project_root: Path,
     ``--gate-profile NAME`` applies a profile to every spec that names none. All stop when the session ends."""
     profile = request.config.getoption(PROFILE_OPTION, None)
     pool = Servers(project_root, tmp_path_factory.mktemp("servers"), cache_root=vllm_env / "cache", profile=profile)
+    pools = request.config.stash.setdefault(SERVER_POOLS, [])
+    pools.append(pool)
     try:
         yield pool
     finally:
         pool.close()
+        pools.remove(pool)
+
+
+#: The session's server pools (the ``servers`` fixture's), for :func:`pytest_runtest_teardown`.
+SERVER_POOLS = pytest.StashKey[list[Servers]]()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Tell the session's server pools that a test is done, and whether the next one asks for servers (Note
+    [servers hold the device] in :mod:`vramgate.testing.serving`)."""
+    pools = item.config.stash.get(SERVER_POOLS, [])
+    if pools:
+        next_uses = nextitem is not None and "servers" in getattr(nextitem, "fixturenames", ())
+        for pool in list(pools):
+            pool.after_test(next_uses)
 
 
 @pytest.fixture(scope="session")

@@ -34,11 +34,40 @@ class Servers:
     """The session's servers, by engine spec (see the module's docstring)."""
 
     def __init__(self, root: Path, base_dir: Path, *, cache_root: Path | None = None,
-                 profile: str | None = None) -> None:
+                 profile: str | None = None, exclusive: bool | None = None) -> None:
         self.root, self.base_dir, self.cache_root, self.profile = root, base_dir, cache_root, profile
+        self._exclusive = exclusive
         self._up: dict[str, ApiServer] = {}
         self._failed: dict[str, ServerError] = {}
         self._started = 0
+        self._this_test: set[str] = set()
+        """The keys of the servers handed to the running test (Note [servers hold the device])."""
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether the servers hold a device, so that only the running test's stay up (Note [servers hold the
+        device]): given, or the engine tier's (``gpu``)."""
+        if self._exclusive is None:
+            from vramgate.engine import engine_tier
+
+            self._exclusive = engine_tier() == "gpu"
+        return self._exclusive
+
+    def up(self) -> list[ApiServer]:
+        """The servers up now."""
+        return list(self._up.values())
+
+    def after_test(self, next_uses_servers: bool) -> None:
+        """The running test is done: on a device, stop every server unless the next test asks for servers too
+        (Note [servers hold the device])."""
+        self._this_test.clear()
+        if self.exclusive and not next_uses_servers:
+            self.close()
+
+    def _stop_idle(self) -> None:
+        """Stop the servers the running test was not handed (Note [servers hold the device])."""
+        for key in [k for k in self._up if k not in self._this_test]:
+            self._stop(self._up.pop(key))
 
     def get(self, spec: EngineSpec) -> ApiServer:
         """The session's server for *spec*, started now if it is not up; fails the test (with the reason and
@@ -56,9 +85,12 @@ class Servers:
         server = self._up.pop(key, None)
         if server is not None and server.proc is not None and server.proc.poll() is None:
             self._up[key] = server
+            self._this_test.add(key)
             return server
         if server is not None:  # it died since the last test: a fresh one
             self._stop(server)
+        if self.exclusive:
+            self._stop_idle()
         self._started += 1
         try:
             server = ApiServer(spec, self.root, self.base_dir / f"{spec.model}-{key}-{self._started}",
@@ -72,6 +104,7 @@ class Servers:
         assert server.proc is not None
         process.keep_for_session(server.proc)  # reused by later tests: not a child this test left behind
         self._up[key] = server
+        self._this_test.add(key)
         return server
 
     def _drop_dead(self) -> None:
