@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,3 +192,100 @@ def test_children_are_found_through_parents() -> None:
             os.kill(pid, 9)
         child.kill()
         child.wait()
+
+
+def test_every_gpu_gate_job_has_the_time_the_gpu_gate_workflow_gives_it() -> None:
+    """A job that runs the GPU gate (``tox -e gpu``, named or through an env variable that can be ``gpu``) either
+    splits it over a matrix of shards (``--gate-shard``) or has, alone, the total time the gpu-gate workflow gives
+    its shards: the shards' timeouts together are at least gpu-gate's."""
+    import re
+
+    import yaml
+
+    def gpu_gate_runs(job: dict[str, Any]) -> list[str]:
+        runs = []
+        for step in job.get("steps", []):
+            run, env = str(step.get("run", "")), {**job.get("env", {}), **step.get("env", {})}
+            for target in re.findall(r"-m tox -e (\S+)", run):
+                variable = target.strip('"{}$')
+                if target == "gpu" or (target.startswith(('"$', "$")) and "'gpu'" in str(env.get(variable, ""))):
+                    runs.append(run)
+        return runs
+
+    def shards(job: dict[str, Any], runs: list[str]) -> int:
+        sharded = all("--gate-shard" in r for r in runs)
+        return len(job.get("strategy", {}).get("matrix", {}).get("shard", [])) if sharded else 1
+
+    flows = {p.name: yaml.safe_load(p.read_text()) for p in (ROOT / ".github" / "workflows").glob("*.yml")}
+    gate = flows["gpu-gate.yml"]["jobs"]["gate"]
+    total = gate["timeout-minutes"] * shards(gate, gpu_gate_runs(gate))
+    assert total >= 240
+    found = []
+    for name, flow in flows.items():
+        for job_name, job in flow["jobs"].items():
+            runs = gpu_gate_runs(job)
+            if not runs:
+                continue
+            found.append(f"{name}/{job_name}")
+            given = int(job.get("timeout-minutes", 360)) * shards(job, runs)  # GitHub's default: 360 minutes
+            assert given >= total, f"{name}/{job_name}: {given} minutes for the GPU gate, gpu-gate gives {total}"
+    assert {"gpu-gate.yml/gate", "baselines.yml/record"} <= set(found)
+
+
+def _combine_script() -> str:
+    """The Python of baselines.yml's step that combines the shards' copies of baselines/."""
+    import textwrap
+
+    import yaml
+
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "baselines.yml").read_text())
+    steps = [s for job in flow["jobs"].values() for s in job.get("steps", [])
+             if s.get("name") == "Combine the shards' baselines"]
+    assert len(steps) == 1
+    run = str(steps[0]["run"])
+    return textwrap.dedent(run.split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0])
+
+
+def test_the_shards_baselines_are_combined_test_by_test(tmp_path: Path) -> None:
+    """Two shards re-record tests of one suite file each: the combined file has every shard's tests (none
+    undone by the other shard's unchanged copy), the tests a shard dropped are gone, a new file is taken whole,
+    and a test two shards both changed stops the step."""
+    import shutil
+
+    import vramgate
+    from vramgate.core.metrics import Metric
+    from vramgate.core.provenance import Provenance
+    from vramgate.store.baselines import BaselineFile, NodeBaseline, dump_baseline, parse_baseline
+
+    def write(folder: Path, values: dict[str, float], suite: str = "kv_cache") -> None:
+        path = folder / "h100" / f"{suite}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tests = {n: NodeBaseline({"m": Metric("m", v, "B")}, Provenance("abc", "2026-01-01T00:00:00Z", {}))
+                 for n, v in values.items()}
+        path.write_text(dump_baseline(BaselineFile(path, suite, {"gpu": "h100"}, tests)))
+
+    def values(folder: Path, suite: str = "kv_cache") -> dict[str, float]:
+        path = folder / "h100" / f"{suite}.json"
+        return {n: t.metrics["m"].value for n, t in parse_baseline(path, path.read_text()).tests.items()}
+
+    def combine(work: Path) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(Path(vramgate.__file__).parents[1])}
+        return subprocess.run([sys.executable, "-c", _combine_script()], cwd=work, env=env, capture_output=True,
+                              text=True)
+
+    base = {"t::a": 1.0, "t::b": 2.0, "t::c": 3.0, "t::d": 4.0}
+    write(tmp_path / "baselines", base)
+    write(tmp_path / "shards" / "s-1", {**base, "t::a": 10.0, "t::c": 30.0})
+    write(tmp_path / "shards" / "s-2", {"t::a": 1.0, "t::b": 20.0, "t::c": 3.0, "t::e": 50.0})  # drops t::d
+    write(tmp_path / "shards" / "s-2", {"t::new": 7.0}, suite="latency")
+    out = combine(tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert values(tmp_path / "baselines") == {"t::a": 10.0, "t::b": 20.0, "t::c": 30.0, "t::e": 50.0}
+    assert values(tmp_path / "baselines", "latency") == {"t::new": 7.0}
+    assert not list((tmp_path / "baselines").rglob(".*.lock"))
+
+    shutil.rmtree(tmp_path / "baselines")
+    write(tmp_path / "baselines", base)
+    write(tmp_path / "shards" / "s-2", {**base, "t::a": 11.0})
+    out = combine(tmp_path)
+    assert out.returncode != 0 and "t::a re-recorded by both s-1 and s-2" in out.stderr

@@ -38,6 +38,23 @@ def test_gpu_engine_asks_for_what_it_needs_not_92_percent() -> None:
     assert 2 * util < 1 < 2 * GPU_UTILIZATION_MAX
 
 
+def test_each_tensor_parallel_rank_asks_for_its_share_of_the_weights() -> None:
+    """Each of a TP=4 engine's ranks holds a quarter of the weights (vLLM shards the embedding and LM head by
+    vocab too), so each asks for that share of its GPU, not the whole model's."""
+    from vramgate.models.config import read_config
+    from vramgate.models.quant import weight_size
+
+    model_dir = ROOT / "fixtures" / "models" / "llama-3.1-8b"
+    weights = weight_size(read_config(model_dir / "config.json"), "bf16").total_bytes
+    spec = EngineSpec(model="llama-3.1-8b", kv_budget_gib=1.0)
+    one = llm_kwargs(spec, model_dir, device_total_bytes=80 * GIB)["gpu_memory_utilization"]
+    four = llm_kwargs(spec.replace(tensor_parallel_size=4), model_dir,
+                      device_total_bytes=80 * GIB)["gpu_memory_utilization"]
+    assert one * 80 * GIB - GIB - GPU_HEADROOM_BYTES == pytest.approx(weights, abs=80 * GIB / 1e4)  # 4 decimals
+    assert four * 80 * GIB - GIB - GPU_HEADROOM_BYTES == pytest.approx(weights / 4, abs=80 * GIB / 1e4)
+    assert four < 0.15 < 0.2 < one
+
+
 def test_cpu_engine_arguments_are_unchanged_and_overrides_win() -> None:
     model_dir = ROOT / "fixtures" / "models" / "tiny-llama"
     assert "gpu_memory_utilization" not in llm_kwargs(SPEC, model_dir)

@@ -174,8 +174,10 @@ def test_the_decision_record_round_trips() -> None:
 
 def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU path of vramgate.engine.memory_decision on stand-ins for torch and vLLM's modules, shaped as the
-    contracts (tests/test_vllm_memory_contracts.py) pin them: the hooks keep the profiling result and the pool,
-    worker_memory_decision reads the worker, decide() the engine core and the cache config."""
+    contracts (tests/test_vllm_memory_contracts.py) pin them: the worker builds the V2 model runner
+    (``vllm.v1.worker.gpu.model_runner``), whose ``capture_model`` runs once with ``profile_only=True`` for the
+    estimate and once for real; the hooks keep the profiling result and the real pool, worker_memory_decision
+    reads the worker, decide() the engine core and the cache config."""
     import contextlib
     import sys
     import types
@@ -185,27 +187,39 @@ def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: 
 
     @contextlib.contextmanager
     def memory_profiling(snapshot: object, weights_memory: int = 0):  # type: ignore[no-untyped-def]
-        result = SimpleNamespace(weights_memory=0, torch_peak_increase=0, non_torch_increase=0, non_kv_cache_memory=0)
+        result = SimpleNamespace(weights_memory=0, torch_peak_increase=0, non_torch_increase=0, total_consumed=0,
+                                 transient_peak_headroom=0, non_kv_cache_memory=0)
         yield result
         result.weights_memory, result.torch_peak_increase = weights_memory, 300   # filled on exit, as vLLM does
-        result.non_torch_increase, result.non_kv_cache_memory = 50, weights_memory + 350
+        result.non_torch_increase, result.total_consumed, result.transient_peak_headroom = 50, 1100, 250
+        result.non_kv_cache_memory = result.total_consumed + result.transient_peak_headroom
 
-    class GPUModelRunner:
+    class V1Runner:  # vllm.v1.worker.gpu_model_runner.GPUModelRunner: built only when V2 is off
         def capture_model(self) -> int:
-            return 1 << 30
+            raise AssertionError("the worker built the V2 runner")
+
+    class GPUModelRunner:  # vllm.v1.worker.gpu.model_runner.GPUModelRunner (V2)
+        def capture_model(self, *, profile_only: bool = False) -> int:
+            return (1 << 30) // 2 if profile_only else 1 << 30
 
     gpu_worker = types.ModuleType("vllm.v1.worker.gpu_worker")
     gpu_worker.memory_profiling = memory_profiling  # type: ignore[attr-defined]
-    runner_module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
-    runner_module.GPUModelRunner = GPUModelRunner  # type: ignore[attr-defined]
+    v1_module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+    v1_module.GPUModelRunner = V1Runner  # type: ignore[attr-defined]
+    v2_module = types.ModuleType("vllm.v1.worker.gpu.model_runner")
+    v2_module.GPUModelRunner = GPUModelRunner  # type: ignore[attr-defined]
     worker_pkg = types.ModuleType("vllm.v1.worker")
-    worker_pkg.gpu_worker, worker_pkg.gpu_model_runner = gpu_worker, runner_module  # type: ignore[attr-defined]
+    worker_pkg.gpu_worker, worker_pkg.gpu_model_runner = gpu_worker, v1_module  # type: ignore[attr-defined]
+    v2_pkg = types.ModuleType("vllm.v1.worker.gpu")
+    v2_pkg.model_runner = v2_module  # type: ignore[attr-defined]
+    worker_pkg.gpu = v2_pkg  # type: ignore[attr-defined]
     vllm = types.ModuleType("vllm")
     vllm.envs = SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=True)  # type: ignore[attr-defined]
     torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True))
     for name, mod in {"torch": torch, "vllm": vllm, "vllm.v1": types.ModuleType("vllm.v1"),
                       "vllm.v1.worker": worker_pkg, "vllm.v1.worker.gpu_worker": gpu_worker,
-                      "vllm.v1.worker.gpu_model_runner": runner_module}.items():
+                      "vllm.v1.worker.gpu_model_runner": v1_module, "vllm.v1.worker.gpu": v2_pkg,
+                      "vllm.v1.worker.gpu.model_runner": v2_module}.items():
         monkeypatch.setitem(sys.modules, name, mod)
 
     md.install_hooks()
@@ -213,21 +227,27 @@ def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: 
     with gpu_worker.memory_profiling(None, weights_memory=1000) as profile:  # as Worker.determine_available_memory
         pass
     runner = GPUModelRunner()
-    assert runner.capture_model() == 1 << 30  # what compile_or_warm_up_model does
+    assert runner.capture_model(profile_only=True) == (1 << 30) // 2  # profile_cudagraph_memory's estimate
     gib = 1 << 30
     worker = SimpleNamespace(requested_memory=72 * gib, init_snapshot=SimpleNamespace(total_memory=80 * gib),
                              cudagraph_memory_estimate=gib + gib // 10, model_runner=runner)
+    assert md.worker_memory_decision(worker)["cudagraph_bytes"] is None  # the estimate's capture is no pool
+    assert runner.capture_model() == 1 << 30  # what compile_or_warm_up_model does
     rank = md.worker_memory_decision(worker)
     assert gpu_worker._vramgate_last_profile is profile  # type: ignore[attr-defined]
-    assert rank == {"tier": "gpu", "requested_bytes": 72 * gib, "total_bytes": 80 * gib,
-                    "cudagraph_estimate_bytes": gib + gib // 10, "cudagraph_estimate_applied": True,
-                    "cudagraph_bytes": gib, "weights_memory": 1000, "torch_peak_increase": 300,
-                    "non_torch_increase": 50, "non_kv_cache_memory": 1350}
+    assert rank["cudagraph_bytes"] == gib, "the V2 runner's real capture was not recorded"
+    expected = {"tier": "gpu", "requested_bytes": 72 * gib, "total_bytes": 80 * gib,
+                "cudagraph_estimate_bytes": gib + gib // 10, "cudagraph_estimate_applied": True,
+                "cudagraph_bytes": gib, "weights_memory": 1000, "torch_peak_increase": 300,
+                "non_torch_increase": 50, "total_consumed": 1100, "transient_peak_headroom": 250,
+                "non_kv_cache_memory": 1350}
+    assert {name: rank.get(name) for name in expected} == expected
     core = SimpleNamespace(available_gpu_memory_for_kv_cache=60 * gib)
     cache = SimpleNamespace(gpu_memory_utilization=0.9, num_gpu_blocks=1000, kv_cache_size_tokens=16000,
                             kv_cache_max_concurrency=7.8125)
-    d = md.decide(core, cache, SimpleNamespace(max_model_len=2048), rank, 70 * gib)
+    d = md.decide(core, cache, SimpleNamespace(max_model_len=2048), [rank], 70 * gib)
     assert (d.non_kv_bytes, d.cudagraph_bytes, d.load_peak_fraction) == (12 * gib, gib, 70 / 72)
+    assert (d.total_consumed_bytes, d.transient_peak_headroom_bytes) == (1100, 250)
     assert d.cudagraph_estimate_error == pytest.approx(0.1)
     assert d.utilization_for(60 * gib) == pytest.approx(0.9)
 
@@ -243,5 +263,5 @@ def test_a_cpu_decision_takes_the_node_memory_vllm_read() -> None:
     cache = SimpleNamespace(gpu_memory_utilization=2 / 11, num_gpu_blocks=40000, kv_cache_size_tokens=1280000,
                             kv_cache_max_concurrency=625.0)
     d = decide(SimpleNamespace(available_gpu_memory_for_kv_cache=gib + gib // 4), cache,
-               SimpleNamespace(max_model_len=2048), {"tier": "cpu", "requested_bytes": 2 * gib}, None)
+               SimpleNamespace(max_model_len=2048), [{"tier": "cpu", "requested_bytes": 2 * gib}], None)
     assert d.total_bytes == 11 * gib and d.non_kv_bytes == 3 * gib // 4 and d.load_peak_fraction is None

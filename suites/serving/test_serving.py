@@ -12,7 +12,8 @@ it over HTTP (:mod:`vramgate.engine.load`), so the figures are the ones a team's
   :mod:`vramgate.core.metrics`): the p99 of one load on shared cores moves by multiples between unchanged runs.
 - ``test_serving_memory``: the server's resident memory (the whole process tree) sampled during a sustained load
   at a fixed concurrency, and its slope in bytes per 1,000 requests (Note [memory slope] in
-  :mod:`vramgate.engine.load`), held to :data:`MEMORY_SLOPE_CEILING` (or the entry's budget).
+  :mod:`vramgate.engine.load`), held to :data:`MEMORY_SLOPE_CEILING` (or the entry's budget); on the GPU tier the
+  slope of its device memory too (Note [device memory slope] there), held to :data:`DEVICE_MEMORY_SLOPE_CEILING`.
 - ``test_serving_paired``, a case per profile that names the suite: the profile's server and the unpatched one up
   together, the same bursts in alternating order (Note [paired bursts]), the per-burst ratios of median TPOT and
   TTFT judged in-run, with a second look before a failure (as the paired engine tests do).
@@ -35,6 +36,7 @@ from vramgate.testing import (
     Profile,
     Servers,
     ServingLoad,
+    device_memory_slope,
     engine_tier,
     memory_slope,
     paired_burst,
@@ -54,6 +56,11 @@ BASE = EngineSpec(model="tiny-llama", kv_budget_gib=None)
 #: entry's budget says otherwise). Measured on 2 cores (docs/online-serving.md): unchanged servers 0.4-81 MiB per
 #: 1,000 requests (12 loads of 400); the planted leak of 256 KiB per engine step 1.2-1.7 GiB (3 loads).
 MEMORY_SLOPE_CEILING = 384 << 20
+#: A server whose device memory grows faster than this per 1,000 requests of the sustained load fails (unless the
+#: entry's budget says otherwise). Not measured on a GPU yet: the resident ceiling, which sits well above one new
+#: segment of the caching allocator during the steady part (a 20 MiB segment in the middle of 300 requests fits
+#: as about 100 MiB per 1,000) and below a device leak of 0.4 MiB per request.
+DEVICE_MEMORY_SLOPE_CEILING = MEMORY_SLOPE_CEILING
 
 
 @pytest.mark.gate_together("serving servers")
@@ -93,7 +100,9 @@ def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: fl
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
 def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path) -> None:
-    """The server's memory over a sustained load: its slope per 1,000 requests, and its resident size."""
+    """The server's memory over a sustained load: its slope per 1,000 requests, and its resident size; on the GPU
+    tier its device memory's slope too, and which figure of NVML that slope was fitted to (the report's
+    ``gpu_conditions``)."""
     assert matrix_case.entry.load is not None
     server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
     warmup, sustained = sustained_loads(matrix_case.entry.load)
@@ -104,6 +113,11 @@ def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: M
     gate.record("memory_slope", round(slope.bytes_per_1k_requests), unit="B/1k requests",
                 ceiling=MEMORY_SLOPE_CEILING, scope="machine", history=False)
     gate.record("server_rss_bytes", slope.end_bytes, unit="B", tolerance=0.10, scope="machine")
+    if run.device_memory and run.device_memory[0]:
+        device = device_memory_slope(run.device_memory[0], last.completions_s)
+        gate.record("device_memory_slope", round(device.bytes_per_1k_requests), unit="B/1k requests",
+                    ceiling=DEVICE_MEMORY_SLOPE_CEILING, scope="machine", history=False)
+        gate.conditions.append({"device_memory_slope": device.source})
 
 
 #: The serving configuration of the paired test: the default matrix's CPU serving entry (tiny-llama, 2 GiB, eager,

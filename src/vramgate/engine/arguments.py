@@ -31,6 +31,16 @@ def gpu_utilization(kv_bytes: int, weights_bytes: int, device_total_bytes: int) 
     weights (an upper bound for a quantized checkpoint) and
     :data:`GPU_HEADROOM_BYTES`, as a fraction of the device, between 1% and
     :data:`GPU_UTILIZATION_MAX`.
+
+    Every tensor-parallel rank makes this check on its own GPU, and holds
+    its own share of the weights: *weights_bytes* is one rank's, the bf16
+    weights divided by ``tensor_parallel_size`` (:func:`llm_kwargs`). That
+    share is close, not exact: vLLM shards the attention and MLP
+    projections over the ranks and the embedding and LM head by vocab too
+    (padded), but keeps the norms (a few KiB a layer) whole on every rank,
+    and the K/V projections where the ranks outnumber the KV heads. The KV
+    budget (``kv_cache_memory_bytes``) is already per rank, and so is the
+    headroom.
     """
     if device_total_bytes <= 0:
         raise ValueError(f"device memory must be positive, got {device_total_bytes}")
@@ -60,6 +70,7 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None
             weights = weight_size(read_config(model_dir / "config.json"), "bf16").total_bytes
         except (ModelConfigError, QuantConfigError):  # a model the weight-size model does not cover: headroom only
             weights = 0
+        weights = -(-weights // max(1, spec.tensor_parallel_size))  # one rank's share (Note [GPU utilization])
         kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"], weights,
                                                            device_total_bytes)
     kwargs.update(spec.engine_args)
@@ -106,7 +117,9 @@ def engine_kwargs(spec: EngineSpec, model_dir: Path, *, cuda_context: bool = Tru
 
     *cuda_context* False reads the device's memory through vLLM's platform (NVML) instead of torch, so that this
     process creates no CUDA context: vLLM's API server process, whose engine core holds the device (a context
-    there would take device memory the engine sizes its KV cache from, and make vLLM spawn the core)."""
+    there would take device memory the engine sizes its KV cache from, and make vLLM spawn the core), and the
+    offline engine's process, from which vLLM forks its tensor-parallel ranks only while CUDA is uninitialized there
+    (Note [no CUDA before the ranks] in :mod:`vramgate.engine.worker`)."""
     from vramgate.engine.spec import engine_tier
 
     if engine_tier() == "gpu":

@@ -5,7 +5,9 @@
 :class:`~vramgate.engine.server.ApiServer`, while a thread samples the server's memory; :class:`LoadResult` holds
 the client's figures (its percentiles, throughput, goodput, failures, and per request: TTFT, TPOT, E2E, start),
 read from the result the client's ``main`` returned. :func:`memory_slope` turns
-the memory samples into bytes per 1,000 requests over the steady part of a load (Note [memory slope]).
+the memory samples into bytes per 1,000 requests over the steady part of a load (Note [memory slope]), and
+:func:`device_memory_slope` the device memory samples a server on the GPU tier also gives (Note [device memory
+slope]).
 
 Note [memory slope]: a leak keeps memory per request (or per engine step) alive, so the server's resident
 memory grows with the requests it has served. The slope is fitted (least squares) to the resident memory of the
@@ -13,6 +15,18 @@ server's whole process tree, sampled every :data:`SAMPLE_EVERY_S`, against the n
 each sample, over the steady part of the load: after the first :data:`STEADY_AFTER` of its requests (the
 allocator's first growth, the first batches' buffers), up to the last completion. It is reported per 1,000
 requests, so that it reads the same at any request rate.
+
+Note [device memory slope]: on a GPU the server keeps its tensors in device memory, which its resident memory
+does not show: a leak of device memory leaves the resident slope flat. So on the GPU tier the same thread also
+reads NVML at each sample (:class:`~vramgate.machine.probes.nvml.TreeDeviceReader`, on the devices the server's
+``CUDA_VISIBLE_DEVICES`` shows, as many as its tensor-parallel size): the usage NVML reports for the pids of the
+server's process tree, and the devices' whole used memory. The device slope is the same fit (:func:`_fit`), to the
+tree's usage where NVML named some of its pids at every sample of the steady part (source
+:data:`FROM_PROCESSES`), else to the devices' total (:data:`FROM_DEVICE_TOTAL`): NVML reports host pids, so in a
+container with its own pid namespace it names none of the server's, and the devices' total is what is left.
+That total counts every other process on the devices too (another server of the session on the same GPU moves
+it); the slope's ``source`` says which was fitted, and one slope never mixes the two. On the CPU tier, or where
+NVML cannot be read, no device sample is taken and nothing else changes.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from typing import Any
 
 from vramgate.engine.runner import engine_process_env
 from vramgate.engine.server import ApiServer, ServerError
+from vramgate.machine.probes.nvml import TreeDeviceReader
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
 from vramgate.runtime.exits import describe_exit
@@ -36,6 +51,11 @@ from vramgate.runtime.exits import describe_exit
 SAMPLE_EVERY_S = 0.2
 #: The share of a load's requests before its steady part (Note [memory slope]).
 STEADY_AFTER = 0.25
+#: What a :class:`Slope` was fitted to: the server's resident memory (Note [memory slope]), NVML's usage of the
+#: server's processes, or the devices' whole used memory (Note [device memory slope]).
+FROM_RSS = "rss"
+FROM_PROCESSES = "processes"
+FROM_DEVICE_TOTAL = "device total"
 #: The per-request latencies a result keeps, and the client's names for them.
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 #: The percentiles the client reports (``--metric-percentiles``).
@@ -183,6 +203,17 @@ class MemorySample:
 
 
 @dataclass(frozen=True)
+class DeviceMemorySample:
+    """The server's device memory at a moment of the monotonic clock (Note [device memory slope])."""
+
+    t: float
+    tree_bytes: int | None
+    """NVML's usage of the server's process tree on its devices; None when NVML named none of its pids."""
+    device_bytes: int
+    """The whole used memory of the server's devices."""
+
+
+@dataclass(frozen=True)
 class Slope:
     """A fitted memory slope (Note [memory slope])."""
 
@@ -192,38 +223,69 @@ class Slope:
     """Requests completed over the steady part."""
     start_bytes: int
     end_bytes: int
+    source: str = FROM_RSS
+    """What was fitted: :data:`FROM_RSS`, :data:`FROM_PROCESSES` or :data:`FROM_DEVICE_TOTAL`."""
 
 
 def memory_slope(samples: Sequence[MemorySample], completions_s: Sequence[float],
                  steady_after: float = STEADY_AFTER) -> Slope:
     """The least-squares slope of resident memory against requests completed, per 1,000 requests, over the
     steady part of a load (Note [memory slope]); ValueError when that part is too short to fit."""
-    done = sorted(completions_s)
+    return _fit([(s.t, s.rss_bytes) for s in samples], completions_s, steady_after, FROM_RSS)
+
+
+def device_memory_slope(samples: Sequence[DeviceMemorySample], completions_s: Sequence[float],
+                        steady_after: float = STEADY_AFTER) -> Slope:
+    """The slope of the server's device memory, fitted as :func:`memory_slope`'s: to its processes' usage where
+    NVML named them at every sample of the steady part, else to its devices' whole used memory; the slope's
+    ``source`` says which (Note [device memory slope]). ValueError as :func:`memory_slope`'s."""
+    first, last = _steady_span(sorted(completions_s), steady_after)
+    steady = [s for s in samples if first <= s.t <= last]
+    if steady and all(s.tree_bytes is not None for s in steady):
+        own = [(s.t, s.tree_bytes) for s in samples if s.tree_bytes is not None]
+        return _fit(own, completions_s, steady_after, FROM_PROCESSES)
+    return _fit([(s.t, s.device_bytes) for s in samples], completions_s, steady_after, FROM_DEVICE_TOTAL)
+
+
+def _steady_span(done: Sequence[float], steady_after: float) -> tuple[float, float]:
+    """The steady part of a load whose requests completed at *done* (sorted), as its first and last moment
+    (Note [memory slope]); ValueError when too few requests completed."""
     if len(done) < 8:
         raise ValueError(f"a memory slope needs at least 8 completed requests, got {len(done)}")
-    first = done[int(len(done) * steady_after)]
-    steady = [s for s in samples if first <= s.t <= done[-1]]
+    return done[int(len(done) * steady_after)], done[-1]
+
+
+def _fit(samples: Sequence[tuple[float, int]], completions_s: Sequence[float], steady_after: float,
+         source: str) -> Slope:
+    """The least-squares slope of the bytes of *samples* (moment, bytes) against requests completed, per 1,000
+    requests, over the steady part of a load (Note [memory slope])."""
+    done = sorted(completions_s)
+    first, last = _steady_span(done, steady_after)
+    steady = [s for s in samples if first <= s[0] <= last]
     if len(steady) < 5:
         raise ValueError(f"a memory slope needs at least 5 memory samples in the steady part of the load, got "
                          f"{len(steady)} (sampled every {SAMPLE_EVERY_S:g} s): the load is too short")
     import bisect
 
-    xs = [float(bisect.bisect_right(done, s.t)) for s in steady]
-    ys = [float(s.rss_bytes) for s in steady]
+    xs = [float(bisect.bisect_right(done, t)) for t, _ in steady]
+    ys = [float(b) for _, b in steady]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0:
         raise ValueError("no request completed during the steady part of the load: no slope to fit")
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return Slope(slope * 1000.0, len(steady), int(xs[-1] - xs[0]), steady[0].rss_bytes, steady[-1].rss_bytes)
+    return Slope(slope * 1000.0, len(steady), int(xs[-1] - xs[0]), steady[0][1], steady[-1][1], source)
 
 
 class _Sampler:
-    """A thread sampling servers' memory every :data:`SAMPLE_EVERY_S` until stopped."""
+    """A thread sampling servers' memory every :data:`SAMPLE_EVERY_S` until stopped: resident memory, and on the
+    GPU tier device memory too (Note [device memory slope])."""
 
     def __init__(self, servers: Sequence[ApiServer]) -> None:
         self.servers = list(servers)
         self.samples: list[list[MemorySample]] = [[] for _ in self.servers]
+        self.device: list[list[DeviceMemorySample]] = [[] for _ in self.servers]
+        self._readers: list[TreeDeviceReader | None] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vramgate-server-memory", daemon=True)
 
@@ -233,15 +295,24 @@ class _Sampler:
                 rss = server.rss_bytes()
                 if rss:
                     self.samples[i].append(MemorySample(time.perf_counter(), rss))
+                    reader = self._readers[i]
+                    used = reader.read(server.tree_pids()) if reader is not None else None
+                    if used is not None:
+                        self.device[i].append(DeviceMemorySample(time.perf_counter(), used.tree_bytes,
+                                                                 used.device_bytes))
             self._stop.wait(SAMPLE_EVERY_S)
 
     def __enter__(self) -> _Sampler:
+        self._readers = [server.device_reader() for server in self.servers]
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        for reader in self._readers:
+            if reader is not None:
+                reader.close()
 
 
 @dataclass
@@ -250,6 +321,8 @@ class LoadRun:
 
     results: list[list[LoadResult]]
     memory: list[list[MemorySample]]
+    device_memory: list[list[DeviceMemorySample]] = field(default_factory=list)
+    """Each server's device memory samples (Note [device memory slope]); empty lists on the CPU tier."""
 
 
 #: Seconds the client gets per request of a plan, on top of a fixed allowance (its import, its warm-up).
@@ -303,7 +376,7 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
             raise ServerError(f"{result.failed} of {load.num_prompts} requests failed on {servers[i].describe()} "
                               f"({load.describe()}); first error: {first}", servers[i].tail(), servers[i].run_dir)
         results[i].append(result)
-    return LoadRun(results, sampler.samples)
+    return LoadRun(results, sampler.samples, sampler.device)
 
 
 def run_loads(server: ApiServer, loads: Sequence[Load], run_dir: Path) -> LoadRun:

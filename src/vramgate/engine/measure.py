@@ -41,13 +41,21 @@ def device_total_bytes(torch: Any) -> int | None:
 def worker_allocator(worker: Any) -> dict[str, int]:
     """This rank's CUDA caching-allocator figures, read inside the model worker (empty without CUDA).
 
-    Note [allocator peak]: the peak includes the resident weights. With a KV
-    budget vLLM 0.32.0 skips its memory profiling and never resets the peak (it
-    covers the whole run since the rank started); without one,
-    ``memory_profiling`` resets it after loading, so it starts at the resident
-    weights and covers them, the profile run, the KV cache and generation. It is
-    read in each rank's own process: with tensor parallelism the driver process
-    holds no model and its allocator says nothing about the ranks'.
+    Note [allocator peak]: the peak includes the resident weights, not the
+    load's own transients. vLLM 0.32.0 resets the allocator's peaks (allocated
+    and reserved) as the model loads: both model runners' ``load_model`` wrap
+    the load in a ``DeviceMemoryProfiler``, which on entering and on leaving
+    reads ``current_platform.get_current_memory_usage``, and on CUDA that
+    empties the cache and calls ``torch.cuda.reset_peak_memory_stats``. Without
+    a KV budget ``memory_profiling`` resets them once more before the profile
+    run; with one it is skipped. Nothing resets them later, so either way the
+    peak starts at what the rank holds after loading (the resident weights)
+    and covers the profile run, the CUDA-graph estimate (without a budget) and
+    capture, the KV cache and generation; a load that peaks above its resident weights
+    (conversion buffers) is not in it. ``tests/test_vllm_memory_contracts.py``
+    pins the resets. It is read in each rank's own process: with tensor
+    parallelism the driver process holds no model and its allocator says
+    nothing about the ranks'.
     """
     import torch
 
@@ -73,12 +81,13 @@ def worker_fusion_passes(worker: Any) -> dict[str, Any]:
     Note [fusion pass state]: vLLM turns ``fuse_allreduce_rms`` into an ``AllReduceFusionPass`` in each rank's
     post-grad pass manager, and where FlashInfer's comm module is missing, the world size is unsupported or its
     workspace fails, it only logs a warning and leaves the pass ``disabled``: a "fusion on" run is then fusion off.
-    The pass objects are read (``disabled``, ``matched_count``), not the log."""
-    import gc
+    The pass objects are read (``disabled``, ``matched_count``), not the log; they are found among the objects the
+    garbage collector tracks (:func:`tracked_objects`), frozen ones included: vLLM ends the worker's warm-up with
+    ``freeze_gc_heap()`` (``gc.freeze()``), and ``gc.get_objects()`` leaves frozen objects out."""
     import sys
 
     found: dict[str, Any] = {}
-    for obj in gc.get_objects():
+    for obj in tracked_objects(FUSION_PASSES):
         name = type(obj).__name__
         if name in FUSION_PASSES:
             entry = found.setdefault(name, {"instances": 0, "enabled": False, "matched": None})
@@ -90,6 +99,36 @@ def worker_fusion_passes(worker: Any) -> dict[str, Any]:
     module = sys.modules.get(FUSION_MODULE)
     comm = None if module is None else getattr(module, "flashinfer_comm", None) is not None
     return {"passes": found, "flashinfer_comm": comm}
+
+
+def tracked_objects(names: tuple[str, ...]) -> list[Any]:
+    """The objects the garbage collector tracks whose class is named in *names*, those in a frozen heap included.
+
+    Note [reading a frozen heap]: ``gc.get_objects()`` leaves out the objects ``gc.freeze()`` moved to the
+    permanent generation, and vLLM freezes each worker's heap at the end of its warm-up (``freeze_gc_heap``), so a
+    frozen heap (``gc.get_freeze_count()`` > 0) is unfrozen, read and frozen again, with the collector disabled
+    meanwhile (then enabled again only if it was). No collection runs: nothing is freed or finalized by the reading
+    (other threads of the process included). The state it
+    leaves: every object vLLM froze is frozen again, and so is every object the process made since vLLM's freeze
+    (the run's own), as if vLLM had frozen its heap at the reading without the collection it runs first; cyclic
+    garbage among those waits for the next unfreeze instead of the next collection. A heap no one froze is read
+    as it is, and left as it was."""
+    import gc
+
+    enabled = gc.isenabled()
+    frozen = gc.get_freeze_count() > 0
+    gc.disable()
+    try:
+        if frozen:
+            gc.unfreeze()
+        try:
+            return [obj for obj in gc.get_objects() if type(obj).__name__ in names]
+        finally:
+            if frozen:
+                gc.freeze()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def fusion_problem(ranks: list[dict[str, Any]], pass_name: str = "AllReduceFusionPass") -> str | None:

@@ -162,6 +162,9 @@ def engine_process_env(
     env.update({
         "PYTHONUNBUFFERED": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # torch.cuda.is_available() through NVML, creating no CUDA state that would make vLLM spawn its ranks
+        # (Note [no CUDA before the ranks] in vramgate.engine.worker); vLLM sets it too, when it is imported.
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     })
     # Note [KV budget] in vramgate.engine.worker: the budget goes in as kv_cache_memory_bytes.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)

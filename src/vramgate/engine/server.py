@@ -8,7 +8,9 @@ a timeout, and fails with the reason and the log's tail when the server exits fi
 argument, an out-of-memory kill) or does not come up in time. :meth:`ApiServer.stop` sends SIGINT (uvicorn and
 vLLM shut down cleanly on it), waits, then ends the whole process group (vLLM's engine core with it). A gate that
 dies without stopping it leaves nothing either (Note [no child outlives its gate] in
-:mod:`vramgate.runtime.process`).
+:mod:`vramgate.runtime.process`). While it serves, its memory is read: its process tree's resident memory, and on
+the GPU tier its device memory through NVML (:meth:`ApiServer.device_reader`; Note [device memory slope] in
+:mod:`vramgate.engine.load`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import urllib.request
 from pathlib import Path
 
 from vramgate.engine.runner import EngineError, engine_process_env
-from vramgate.engine.spec import EngineSpec, apply_profile, validate
-from vramgate.machine.probes.cpu import tree_rss_bytes
+from vramgate.engine.spec import EngineSpec, apply_profile, engine_tier, validate
+from vramgate.machine import devices
+from vramgate.machine.probes.cpu import children, tree_rss_bytes
+from vramgate.machine.probes.nvml import NVMLUnavailable, TreeDeviceReader
 from vramgate.models.config import load_model
 from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
@@ -73,6 +77,8 @@ class ApiServer:
         self.proc: process.Child | None = None
         self.startup_s: float | None = None
         """Seconds from the start of the process to its first healthy answer."""
+        self.visible_devices: str | None = None
+        """The ``CUDA_VISIBLE_DEVICES`` the server was started with (None: unset, every device)."""
 
     @property
     def url(self) -> str:
@@ -108,6 +114,7 @@ class ApiServer:
         }, indent=2, sort_keys=True), encoding="utf-8")
         env = engine_process_env(self.spec, self.run_dir, self._paths, self._cache_root)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs its engine core as vLLM does: apart
+        self.visible_devices = env.get(devices.ENV)
         # Its API server and engine core talk over IPC sockets: Note [IPC socket path] in vramgate.runtime.vllm_env.
         cmd = [self.spec.python or engine_python(), "-m", "vramgate.engine.api_server", str(server_json)]
         t0 = time.monotonic()
@@ -147,6 +154,23 @@ class ApiServer:
         """The resident memory of the server's whole process tree (API server and engine core); 0 once it is
         gone."""
         return tree_rss_bytes(self.proc.pid) if self.proc is not None and self.proc.poll() is None else 0
+
+    def tree_pids(self) -> set[int]:
+        """The pids of the server's whole process tree now; empty once it is gone."""
+        if self.proc is None or self.proc.poll() is not None:
+            return set()
+        return {self.proc.pid, *children(self.proc.pid)}
+
+    def device_reader(self) -> TreeDeviceReader | None:
+        """NVML, open on the devices this server uses (those its ``CUDA_VISIBLE_DEVICES`` shows, as many as its
+        tensor-parallel size), for readings of its device memory; None on the CPU tier or where NVML cannot be
+        read (Note [device memory slope] in :mod:`vramgate.engine.load`). The caller closes it."""
+        if engine_tier() != "gpu":
+            return None
+        try:
+            return TreeDeviceReader.open(self.visible_devices, self.spec.tensor_parallel_size)
+        except NVMLUnavailable:
+            return None
 
     def tail(self) -> str:
         """The last lines of the server's log."""

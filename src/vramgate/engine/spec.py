@@ -6,6 +6,10 @@ its CPU attention backends' block sizes (:func:`cpu_backend_problem`), the CPU k
 (:func:`kernel_problem`), a GPU attention backend's own class (:func:`backend_problem`), and the KV budget
 one request of ``max_model_len`` needs (:func:`kv_need`). :func:`apply_profile` resolves a spec's
 optimization profile into engine arguments, environment and an overlay to import first.
+
+Longer than 400 lines: a GPU attention backend is judged by vLLM's own ``validate_configuration``, whose
+arguments are built here from the spec and the model's shape, beside the CPU tier's rules; all of them are what
+:func:`validate` asks before any engine starts.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 from vramgate.core.records import RecordFormat, record_fields
 from vramgate.machine import hardware
-from vramgate.models.config import ModelConfigError, load_model
+from vramgate.models.config import ModelConfigError, ModelShape, load_model, read_config
 from vramgate.runtime import engine_env
 from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
 
@@ -168,11 +172,28 @@ def kernel_problem(spec: EngineSpec, tier: str | None = None, *, use_mla: bool =
     return None
 
 
-def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None) -> tuple[str, bool] | None:
+#: The reasons vLLM 0.32.0's ``AttentionBackend.validate_configuration`` gives for what the spec and the model decide
+#: (the same on every GPU): a spec's mistake. Any other reason (compute capability, the kernels this vLLM was built
+#: with, a kernel's device family, asked by the backend's ``supports_combination``) is the GPU's: a reason to skip.
+SPEC_REASONS = frozenset({
+    "head_size not supported", "dtype not supported", "kv_cache_dtype not supported", "block_size not supported",
+    "MLA not supported", "non-MLA not supported", "sparse not supported", "non-sparse not supported",
+})
+
+#: The torch dtype of a spec's ``dtype`` (vLLM's ``auto`` is the model config's, a float32 one run as bfloat16).
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
+                 "float": "float32"}
+
+
+def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None,
+                    shape: ModelShape | None = None) -> tuple[str, bool] | None:
     """Why vLLM 0.32.0's attention backend named by *spec* cannot run it on the GPU tier, from the backend's own
     class (importable without a GPU): (reason, whether the GPU is the cause) or None.
 
-    The block size is the spec's (an engine argument wins); *capability* is the GPU's (None: not checked).
+    The block size is the spec's (an engine argument wins); *capability* is the GPU's (None: not checked). With
+    the capability and the model's *shape*, the backend's own ``validate_configuration`` decides too, as vLLM's
+    CUDA platform asks it for a chosen backend at start (``get_attn_backend_cls``): its reasons are the
+    problem (FlashMLA's dense kernel runs on Hopper only, which its class's capability check does not say).
     Without vLLM nothing is checked here: the engine will say.
     """
     backend = spec.engine_args.get("attention_backend") or spec.attention_backend
@@ -180,6 +201,7 @@ def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None) -> tup
         return None  # another engine environment's vLLM is not this process's: its engine will say
     try:
         from vllm.platforms.interface import DeviceCapability
+        from vllm.v1.attention.backend import AttentionType
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
     except ImportError:
         return None
@@ -194,10 +216,62 @@ def backend_problem(spec: EngineSpec, capability: tuple[int, int] | None) -> tup
     if not cls.supports_block_size(block):
         sizes = ", ".join(str(s) for s in cls.get_supported_kernel_block_sizes())
         return f"attention_backend {backend!r} runs kernel block sizes {sizes}, not block_size {block}", False
-    if capability is not None and not cls.supports_compute_capability(DeviceCapability(*capability)):
+    if capability is None:
+        return None
+    device = DeviceCapability(*capability)
+    if not cls.supports_compute_capability(device):
         return (f"attention_backend {backend!r} does not run on compute capability "
                 f"{capability[0]}.{capability[1]}"), True
-    return None
+    config = None if shape is None else _selector_config(spec, shape, block)
+    if config is None:
+        return None
+    # Some checks read the GPU through vLLM's current platform, not *device* (FlashMLA's dense kernel: device 0 of
+    # this process, the first visible GPU, which *capability* is read from too).
+    try:
+        reasons = cls.validate_configuration(**config, device_capability=device, attn_type=AttentionType.DECODER)
+    except (ImportError, OSError) as exc:  # caught as vLLM's selector does: kernels that cannot be loaded here
+        return f"attention_backend {backend!r} cannot be loaded: {type(exc).__name__}: {exc}", False
+    if not reasons:
+        return None
+    return (f"attention_backend {backend!r} is not valid for this configuration: {'; '.join(reasons)}",
+            not set(reasons) <= SPEC_REASONS)
+
+
+def _selector_config(spec: EngineSpec, shape: ModelShape, block: int) -> dict[str, Any] | None:
+    """The arguments vLLM 0.32.0's attention selector (``AttentionSelectorConfig``) passes a backend's
+    ``validate_configuration`` for the model's decoder attention layers, as far as the spec and the model config
+    tell them; the device capability and the attention type (``AttentionType.DECODER``) are the caller's.
+
+    What the gate cannot know is left at vLLM's default for a plain decoder: attention sinks, sliding windows
+    (R-SWA), multimodal prefix attention and per-head quantization scales (the model's layers decide them while
+    vLLM builds the model), batch invariance (``VLLM_BATCH_INVARIANT`` in the engine's environment), a KV
+    connector and adaptive verification of speculative decoding (engine configs the gate's specs do not set);
+    the sparse MLA of DeepSeek-V3.2 is read as vLLM does, from ``index_topk`` in the model config. None for a
+    dtype the gate does not know: the engine will say.
+    """
+    import torch
+
+    name = str(spec.engine_args.get("dtype", spec.dtype))
+    if name == "auto":
+        name = shape.dtype if _TORCH_DTYPES.get(shape.dtype) != "float32" else "bfloat16"
+    dtype = getattr(torch, _TORCH_DTYPES.get(name, ""), None)
+    if dtype is None:
+        return None
+    kv_dtype = str(spec.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
+    args = spec.engine_args
+    return {
+        "head_size": shape.kv_head_size,  # an MLA layer's is the latent's: kv_lora_rank + qk_rope_head_dim
+        "dtype": dtype,
+        "kv_cache_dtype": kv_dtype,
+        "block_size": block,
+        "use_mla": shape.use_mla,
+        "has_sink": False,
+        "use_sparse": shape.use_mla and read_config(shape.path).get("index_topk") is not None,
+        "use_mm_prefix": False,
+        "use_per_head_quant_scales": False,
+        "use_pcp": int(args.get("prefill_context_parallel_size", 1)) > 1,
+        "use_dcp": int(args.get("decode_context_parallel_size", 1)) > 1,
+    }
 
 
 def kv_need(spec: EngineSpec, root: Path) -> tuple[int, int]:
@@ -267,7 +341,7 @@ def validate(spec: EngineSpec, root: Path, tier: str | None = None) -> None:
             raise UnsupportedHere(problem)
     elif spec.engine_args.get("attention_backend") or spec.attention_backend:
         gpus = hardware.visible_gpus()  # probed only for a spec that names a backend
-        found = backend_problem(spec, gpus[0].capability if gpus else None)
+        found = backend_problem(spec, gpus[0].capability if gpus else None, shape)
         if found:
             reason, the_gpu = found
             raise (UnsupportedHere if the_gpu else SpecError)(f"spec: {reason}")

@@ -13,6 +13,15 @@ lets :class:`~vramgate.sim.probe.SchedulerProbe` watch the real scheduler step b
 step (blocks in use, preemptions, recomputed tokens, waste). Latencies come
 from vLLM's own per-request stats (``disable_log_stats=False``).
 
+Note [no CUDA before the ranks]: with tensor parallelism vLLM starts its ranks from this process, by fork unless
+CUDA is initialized here (``utils/system_utils._maybe_force_spawn``); then it spawns them, fresh interpreters that
+keep nothing this process installed, and the context here takes memory on rank 0's device besides. So nothing here
+initializes CUDA before the engine has started its ranks: the device's size comes through vLLM's platform (NVML:
+``engine_kwargs(..., cuda_context=False)``), torch answers ``is_available`` through NVML
+(``PYTORCH_NVML_BASED_CUDA_CHECK``, in the engine's environment from
+:func:`vramgate.engine.runner.engine_process_env`, and set by vLLM on import), and the allocator history starts here
+only for a rank in this process (TP 1).
+
 Note [KV budget]: the budget is passed as ``kv_cache_memory_bytes``.
 ``VLLM_CPU_KVCACHE_SPACE`` is removed from the environment: vLLM parses it as
 whole GiB and, when set, it overrides ``kv_cache_memory_bytes``.
@@ -54,6 +63,7 @@ from vramgate.engine.memory_decision import (
     worker_memory_decision,
 )
 from vramgate.engine.spec import ENGINE_RESULT_FORMAT, EngineSpec, kv_budget_bytes
+from vramgate.engine.vllm_plugin import MEMORY_HOOKS_ENV
 from vramgate.machine import isa
 from vramgate.machine.probes import memory_history
 from vramgate.models.config import load_model
@@ -79,14 +89,17 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     shape = load_model(root, spec.model)
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
-    on_gpu = torch.cuda.is_available()
+    on_gpu = torch.cuda.is_available()  # through NVML: Note [no CUDA before the ranks]
     automatic = kv_budget_bytes(spec) is None  # Note [automatic KV] in vramgate.engine.memory_decision
-    kwargs = engine_kwargs(spec, shape.path.parent)
+    kwargs = engine_kwargs(spec, shape.path.parent, cuda_context=False)  # Note [no CUDA before the ranks]
     if automatic:
+        # Note [hooks in every rank] in vramgate.engine.vllm_plugin: the plugin installs them in the ranks vLLM
+        # spawns; installed here too, they reach the rank in this process and those vLLM forks, plugin or not.
+        os.environ[MEMORY_HOOKS_ENV] = "1"
         install_hooks()
     history = history_dir is not None and on_gpu
-    if history:
-        memory_history.start(torch)  # the ranks in this process: weights, profile run and KV cache included
+    if history and spec.tensor_parallel_size == 1:
+        memory_history.start(torch)  # the rank in this process: weights, profile run and KV cache included
     t1 = time.perf_counter()
     with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
         llm = LLM(**kwargs)
@@ -151,7 +164,8 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     decision = None
     if automatic:
         peaks = engine.collective_rpc(worker_load_peak)
-        decision = decide(core, cache, cfg.model_config, engine.collective_rpc(worker_memory_decision)[0],
+        # every rank's side: the smallest rank's KV memory is every rank's (Note [the smallest rank decides])
+        decision = decide(core, cache, cfg.model_config, engine.collective_rpc(worker_memory_decision),
                           max(peaks) if peaks else None).to_json()
     stats = sched.kv_cache_manager.prefix_cache_stats
     memory: dict[str, Any] = {
@@ -237,7 +251,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
     with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
-        llm = LLM(**engine_kwargs(spec, shape.path.parent))
+        llm = LLM(**engine_kwargs(spec, shape.path.parent, cuda_context=False))  # Note [no CUDA before the ranks]
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:

@@ -57,6 +57,8 @@ _NUMBER_AND_UNIT = r"([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z
 _BUDGET = re.compile(r"^\s*(<=|>=)\s*" + _NUMBER_AND_UNIT)
 #: What a memory slope's budget may say after its amount (the metric is bytes per 1,000 requests).
 _PER_1K_REQUESTS = re.compile(r"\s+per\s+1[,_]?000\s+requests\s*$")
+#: The memory slopes of the serving suite (resident and device memory): budgets in bytes per 1,000 requests.
+_SLOPES = ("memory_slope", "device_memory_slope")
 _AMOUNT = re.compile(r"^\s*" + _NUMBER_AND_UNIT)
 
 
@@ -287,12 +289,12 @@ def parse_budget(source: str, where: str, metric: str, text: object) -> Budget:
     if not isinstance(text, str):
         raise MatrixError(f"{source}: {where}.{metric}: must be a string like \"<= 74 GiB\" or \">= 400000\", "
                           f"got {type(text).__name__} {text!r}")
-    m = _BUDGET.match(_PER_1K_REQUESTS.sub("", text) if metric == "memory_slope" else text)
+    m = _BUDGET.match(_PER_1K_REQUESTS.sub("", text) if metric in _SLOPES else text)
     if m is None:
         raise MatrixError(f"{source}: {where}.{metric}: {text!r} is not a budget; write \"<= NUMBER [UNIT]\" or "
                           f"\">= NUMBER [UNIT]\"")
     value, base = _amount(source, f"{where}.{metric}", m.group(2), m.group(3))
-    if metric == "memory_slope" and base == "B":
+    if metric in _SLOPES and base == "B":
         base = "B/1k requests"  # the slope's unit: bytes per 1,000 requests
     return Budget(metric, m.group(1), value, base, text.strip())
 

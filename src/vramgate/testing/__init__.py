@@ -27,7 +27,7 @@ from vramgate.engine import (
     run_engine,
     validate,
 )
-from vramgate.engine.load import memory_slope
+from vramgate.engine.load import device_memory_slope, memory_slope
 from vramgate.engine.paired_load import paired_settings
 from vramgate.machine import isa
 from vramgate.machine.gpu_processes import alive
@@ -157,6 +157,7 @@ __all__ = [
     "confirmed_rounds",
     "cpu_backend_problem",
     "dequantize",
+    "device_memory_slope",
     "device_peak_bandwidth",
     "engine_tier",
     "expert_load",

@@ -45,8 +45,8 @@ import os
 import signal
 import sys
 import types
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ import pytest
 
 from vramgate.machine.gpu_processes import alive
 from vramgate.runtime import process
+from vramgate.testing.fake_device import BOXES, Box, FakeNVML, Ledger, gib
 
 #: The CUDA context (and the kernel suites' caches) the gate's own process holds on device 0 in a GPU session.
 GATE_CONTEXT_BYTES = 768 << 20
@@ -63,30 +64,6 @@ ENGINE_CONTEXT_BYTES = 512 << 20
 RANK_OVERHEAD_BYTES = 2 << 30
 #: vLLM's default ``gpu_memory_utilization`` (``CacheConfig``).
 VLLM_DEFAULT_UTILIZATION = 0.9
-#: The pid offset a box in a container reports (NVML lists host pids there).
-CONTAINER_PID_OFFSET = 4_000_000
-
-
-@dataclass(frozen=True)
-class Box:
-    """A GPU machine the rehearsal fakes."""
-
-    name: str
-    gpus: int
-    gpu_name: str
-    memory_bytes: int
-    capability: tuple[int, int]
-    container: bool = False
-    """Whether NVML reports host pids (a container with its own pid namespace)."""
-    driver: str = "570.124.06"
-    cuda_driver: int = 12080
-
-
-#: The boxes a rehearsal runs on: a bare 1xH100 and an 8xH100 runner in a container.
-BOXES: dict[str, Box] = {
-    "h100x1": Box("h100x1", 1, "NVIDIA H100 80GB HBM3", 81559 << 20, (9, 0)),
-    "h100x8": Box("h100x8", 8, "NVIDIA H100 80GB HBM3", 81559 << 20, (9, 0), container=True),
-}
 
 
 @dataclass
@@ -97,112 +74,6 @@ class Finding:
     """``refused``, ``held`` or ``untrusted``."""
     test: str
     message: str
-
-
-@dataclass
-class Ledger:
-    """One device's memory: bytes claimed per process (a claim lasts while its process runs)."""
-
-    index: int
-    total_bytes: int
-    claims: dict[int, int] = field(default_factory=dict)
-
-    def live(self) -> dict[int, int]:
-        """The claims of processes that still run (the gate's own always does)."""
-        me = os.getpid()
-        for pid in [p for p in self.claims if p != me and not alive(p)]:
-            del self.claims[pid]
-        return dict(self.claims)
-
-    def used(self) -> int:
-        return sum(self.live().values())
-
-    def free(self) -> int:
-        return self.total_bytes - self.used()
-
-    def claim(self, pid: int, nbytes: int) -> None:
-        self.claims[pid] = self.claims.get(pid, 0) + nbytes
-
-
-def gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f}"
-
-
-class FakeNVML(types.ModuleType):
-    """``pynvml`` over the ledgers of a :class:`Box` (the calls the gate makes)."""
-
-    NVMLError = RuntimeError
-
-    def __init__(self, box: Box, ledgers: list[Ledger]) -> None:
-        super().__init__("pynvml")
-        self.box, self.ledgers = box, ledgers
-
-    def _pid(self, pid: int) -> int:
-        return pid + CONTAINER_PID_OFFSET if self.box.container else pid
-
-    def nvmlInit(self) -> None:
-        return None
-
-    def nvmlShutdown(self) -> None:
-        return None
-
-    def nvmlSystemGetDriverVersion(self) -> str:
-        return self.box.driver
-
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
-        return self.box.cuda_driver
-
-    def nvmlDeviceGetCount(self) -> int:
-        return self.box.gpus
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Ledger:
-        if not 0 <= index < len(self.ledgers):
-            raise self.NVMLError(f"NVML: no device {index}")
-        return self.ledgers[index]
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: Any) -> Ledger:
-        for ledger in self.ledgers:
-            if self.nvmlDeviceGetUUID(ledger) == (uuid.decode() if isinstance(uuid, bytes) else uuid):
-                return ledger
-        raise self.NVMLError(f"NVML: no device {uuid!r}")
-
-    def nvmlDeviceGetUUID(self, handle: Ledger) -> str:
-        return f"GPU-5e4ea7a1-0000-4000-8000-{handle.index:012d}"
-
-    def nvmlDeviceGetName(self, handle: Ledger) -> str:
-        return self.box.gpu_name
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Ledger) -> int:
-        return 0
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Ledger, slot: int) -> Any:
-        raise self.NVMLError("NVML: MIG is off")
-
-    def nvmlDeviceGetCudaComputeCapability(self, handle: Ledger) -> tuple[int, int]:
-        return self.box.capability
-
-    def nvmlDeviceGetMemoryInfo(self, handle: Ledger) -> Any:
-        used = handle.used()
-        return types.SimpleNamespace(total=handle.total_bytes, used=used, free=handle.total_bytes - used)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Ledger) -> list[Any]:
-        return [types.SimpleNamespace(pid=self._pid(pid), usedGpuMemory=nbytes)
-                for pid, nbytes in sorted(handle.live().items())]
-
-    def nvmlDeviceGetClockInfo(self, handle: Ledger, kind: int) -> int:
-        return 1980 if kind == 1 else 2619
-
-    def nvmlDeviceGetMaxClockInfo(self, handle: Ledger, kind: int) -> int:
-        return 1980 if kind == 1 else 2619
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Ledger) -> int:
-        return 0
-
-    def nvmlDeviceGetTemperature(self, handle: Ledger, sensor: int) -> int:
-        return 40
-
-    def nvmlDeviceGetMemoryBusWidth(self, handle: Ledger) -> int:
-        return 5120
 
 
 def _stub_vllm(source: Path | None) -> Any:
@@ -299,7 +170,7 @@ class Rehearsal:
         mp.setattr(process, "launch", self._launcher(real_launch))
         mp.setattr(process, "kill_group", self._killer(real_kill))
 
-    def _launcher(self, real: Any) -> Any:
+    def _launcher(self, real: Callable[..., process.Child]) -> Callable[..., process.Child]:
         def launch(command: Sequence[str], log_path: Path, *, env: Mapping[str, str], cwd: Path,
                    stdin: int | None = None, preload: Path | None = None) -> process.Child:
             kind = engine_kind(command)
@@ -308,7 +179,7 @@ class Rehearsal:
             return self.stand_in(kind, command, log_path, env=env, cwd=cwd, stdin=stdin, real=real)
         return launch
 
-    def _killer(self, real: Any) -> Any:
+    def _killer(self, real: Callable[..., None]) -> Callable[..., None]:
         def kill_group(proc: process.Child, grace_s: float | None = None) -> None:
             real(proc, grace_s)
             what = self.standins.get(proc.pid)
@@ -320,7 +191,7 @@ class Rehearsal:
     # -- stand-ins
 
     def stand_in(self, kind: str, command: Sequence[str], log_path: Path, *, env: Mapping[str, str], cwd: Path,
-                 stdin: int | None, real: Any) -> process.Child:
+                 stdin: int | None, real: Callable[..., process.Child]) -> process.Child:
         """Start a stand-in for *command* (Note [rehearsal]); claim what it would hold, or refuse it."""
         base = [sys.executable, "-m", "vramgate.testing.standin"]
         if kind == "client":
@@ -388,6 +259,7 @@ class Rehearsal:
                     os.killpg(pid, signal.SIGKILL)  # every stand-in leads its process group
 
     def to_json(self) -> dict[str, Any]:
+        """The box, the findings and every start, as JSON data (``--gate-rehearse-out``)."""
         return {"box": asdict(self.box), "findings": [asdict(f) for f in self.findings], "starts": self.starts}
 
 
@@ -395,6 +267,7 @@ REHEARSAL_KEY = pytest.StashKey[Rehearsal]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """The rehearsal's options."""
     group = parser.getgroup("vramgate rehearsal")
     group.addoption("--gate-rehearse", metavar="BOX", choices=sorted(BOXES),
                     help=f"rehearse the GPU session on a fake box ({', '.join(sorted(BOXES))}): Note [rehearsal]")
@@ -406,6 +279,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    """With ``--gate-rehearse BOX``: the fake box, the stand-ins and the engine environment, for the session."""
     name = config.getoption("--gate-rehearse", None)
     if not name:
         return
@@ -419,6 +293,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Which test the starts and findings from now on belong to."""
     rehearsal = item.config.stash.get(REHEARSAL_KEY, None)
     if rehearsal is not None:
         rehearsal.test = item.nodeid
@@ -426,6 +301,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """A finding when the GPU-state guard distrusted the test because of the gate's own processes."""
     report = yield
     rehearsal = item.config.stash.get(REHEARSAL_KEY, None)
     if rehearsal is not None and call.when == "call":
@@ -435,6 +311,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Findings for what still runs; the findings written out; the session fails on any."""
     rehearsal = session.config.stash.get(REHEARSAL_KEY, None)
     if rehearsal is None:
         return
@@ -447,6 +324,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The rehearsal's findings, one line each."""
     rehearsal = terminalreporter.config.stash.get(REHEARSAL_KEY, None)
     if rehearsal is None:
         return

@@ -42,11 +42,11 @@ def _serve(control: Path) -> int:
 
 
 class _Health(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
+    def log_message(self, format: str, *args: object) -> None:
         return None
 
 
@@ -68,6 +68,7 @@ def _server(server_json: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
+    """Stand in as *argv* says (the module's docstring); the exit status."""
     end_with_parent()
     mode = argv[0] if argv else ""
     if mode == "engine":

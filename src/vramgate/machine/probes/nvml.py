@@ -2,10 +2,13 @@
 
 NVML sees what the caching allocator does not: the CUDA context, NCCL buffers,
 cuBLAS workspaces, memory of other processes. ``pynvml`` is imported on use.
+:class:`TreeDeviceReader` keeps NVML open over many readings of a process tree's
+device memory (a server's, sampled during a load).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +78,56 @@ def read_device(index: int = 0) -> DeviceMemory:
 def process_used_bytes(pid: int, index: int = 0) -> int:
     """Device memory used by *pid* and its threads on device *index* (0 when it has none)."""
     return read_device(index).processes.get(pid, 0)
+
+
+@dataclass(frozen=True)
+class TreeDeviceMemory:
+    """One reading of a process tree's device memory on some devices."""
+
+    tree_bytes: int | None
+    """The usage NVML reports for the tree's pids, summed over the devices; None when it names none of them (a
+    container with its own pid namespace sees other pids than NVML reports)."""
+    device_bytes: int
+    """The devices' whole used memory, summed: every process's, the driver's reservation included."""
+
+
+class TreeDeviceReader:
+    """NVML, open, for readings of a process tree's device memory on the devices of one ``CUDA_VISIBLE_DEVICES``
+    value (the first *count* of them: a tensor-parallel engine's); :meth:`close` when done. :meth:`open`
+    raises :class:`NVMLUnavailable` where NVML cannot be read or no device is visible."""
+
+    def __init__(self, nvml: Any, handles: list[Any]) -> None:
+        self._nvml, self.handles = nvml, handles
+
+    @classmethod
+    def open(cls, visible: str | None, count: int = 1) -> TreeDeviceReader:
+        """The reader of the first *count* devices ``CUDA_VISIBLE_DEVICES=visible`` shows (unset: every device)."""
+        nvml = open_nvml()
+        try:
+            shown = devices.resolve(visible, devices.physical_devices(nvml))[:max(1, count)]
+            if not shown:
+                raise NVMLUnavailable(f"no device is visible ({devices.ENV}={visible!r})")
+            return cls(nvml, [devices.device_handle(nvml, d) for d in shown])
+        except BaseException:
+            nvml.nvmlShutdown()
+            raise
+
+    def read(self, pids: Collection[int]) -> TreeDeviceMemory | None:
+        """The device memory of *pids* (a process tree) and of the devices now; None when NVML fails to answer."""
+        tree, named, total = 0, False, 0
+        try:
+            for handle in self.handles:
+                total += int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if int(proc.pid) in pids and proc.usedGpuMemory is not None:
+                        tree, named = tree + int(proc.usedGpuMemory), True
+        except Exception:  # pynvml's NVMLError (a lost GPU, a driver reset): no reading this time
+            return None
+        return TreeDeviceMemory(tree if named else None, total)
+
+    def close(self) -> None:
+        """End this reader's use of NVML."""
+        self._nvml.nvmlShutdown()
 
 
 def engine_visible_devices(value: str | None) -> str | None:
