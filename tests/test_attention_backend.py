@@ -6,13 +6,13 @@ torch is installed where these run. The names faked here are pinned against vLLM
 from __future__ import annotations
 
 import enum
-import sys
 import types
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import pytest
 
+from module_fakes import fake_modules
 from vramgate.engine import EngineSpec, SpecError, backend_problem, validate
 from vramgate.engine.spec import UnsupportedHere
 from vramgate.machine import hardware
@@ -118,20 +118,12 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> type[FakeBackend]:
         def get_class(self) -> type[FakeBackend]:
             return {"FLASHMLA": FakeFlashMLA, "FLASH_ATTN": FakeFlashAttn}[self.value]
 
-    modules = {
-        "vllm": types.ModuleType("vllm"),
-        "vllm.platforms": types.ModuleType("vllm.platforms"),
-        "vllm.platforms.interface": types.SimpleNamespace(DeviceCapability=DeviceCapability),
-        "vllm.v1": types.ModuleType("vllm.v1"),
-        "vllm.v1.attention": types.ModuleType("vllm.v1.attention"),
-        "vllm.v1.attention.backend": types.SimpleNamespace(AttentionType=AttentionType),
-        "vllm.v1.attention.backends": types.ModuleType("vllm.v1.attention.backends"),
-        "vllm.v1.attention.backends.registry": types.SimpleNamespace(AttentionBackendEnum=AttentionBackendEnum),
-        "torch": types.SimpleNamespace(bfloat16="torch.bfloat16", float16="torch.float16",
-                                       float32="torch.float32"),
-    }
-    for name, mod in modules.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    fake_modules(monkeypatch, {
+        "vllm.platforms.interface": {"DeviceCapability": DeviceCapability},
+        "vllm.v1.attention.backend": {"AttentionType": AttentionType},
+        "vllm.v1.attention.backends.registry": {"AttentionBackendEnum": AttentionBackendEnum},
+        "torch": {"bfloat16": "torch.bfloat16", "float16": "torch.float16", "float32": "torch.float32"},
+    })
     gate = types.SimpleNamespace(is_gate_interpreter=True)
     monkeypatch.setattr(engine_env, "current", lambda: gate)
     monkeypatch.setattr(FakeBackend, "calls", [])

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from module_fakes import fake_modules
+
 GIB = 1 << 30
 
 
@@ -29,27 +31,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch, runners: dict[str, type],
         yield SimpleNamespace(weights_memory=weights_memory, torch_peak_increase=0, non_torch_increase=0,
                               total_consumed=0, transient_peak_headroom=0, non_kv_cache_memory=0)
 
-    gpu_worker = types.ModuleType("vllm.v1.worker.gpu_worker")
-    gpu_worker.memory_profiling = memory_profiling  # type: ignore[attr-defined]
-    worker_pkg = types.ModuleType("vllm.v1.worker")
-    worker_pkg.gpu_worker = gpu_worker  # type: ignore[attr-defined]
-    vllm = types.ModuleType("vllm")
-    vllm.envs = SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=estimate_flag)  # type: ignore[attr-defined]
-    modules: dict[str, Any] = {"torch": SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True)),
-                               "vllm": vllm, "vllm.v1": types.ModuleType("vllm.v1"), "vllm.v1.worker": worker_pkg,
-                               "vllm.v1.worker.gpu_worker": gpu_worker}
     for name in ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu", "vllm.v1.worker.gpu.model_runner"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    for name, runner in runners.items():
-        mod = types.ModuleType(name)
-        mod.GPUModelRunner = runner  # type: ignore[attr-defined]
-        modules[name] = mod
-        parent, _, leaf = name.rpartition(".")
-        if parent not in modules:
-            modules[parent] = types.ModuleType(parent)
-        setattr(modules[parent], leaf, mod)
-    for name, mod in modules.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    modules = fake_modules(monkeypatch, {
+        "torch": {"cuda": SimpleNamespace(is_available=lambda: True)},
+        "vllm": {"envs": SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=estimate_flag)},
+        "vllm.v1.worker.gpu_worker": {"memory_profiling": memory_profiling},
+        **{name: {"GPUModelRunner": runner} for name, runner in runners.items()},
+    })
+    gpu_worker = modules["vllm.v1.worker.gpu_worker"]
     return gpu_worker
 
 

@@ -179,10 +179,9 @@ def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: 
     estimate and once for real; the hooks keep the profiling result and the real pool, worker_memory_decision
     reads the worker, decide() the engine core and the cache config."""
     import contextlib
-    import sys
-    import types
     from types import SimpleNamespace
 
+    from module_fakes import fake_modules
     from vramgate.engine import memory_decision as md
 
     @contextlib.contextmanager
@@ -202,25 +201,15 @@ def test_the_gpu_readers_catch_the_profile_the_pool_and_the_worker(monkeypatch: 
         def capture_model(self, *, profile_only: bool = False) -> int:
             return (1 << 30) // 2 if profile_only else 1 << 30
 
-    gpu_worker = types.ModuleType("vllm.v1.worker.gpu_worker")
-    gpu_worker.memory_profiling = memory_profiling  # type: ignore[attr-defined]
-    v1_module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
-    v1_module.GPUModelRunner = V1Runner  # type: ignore[attr-defined]
-    v2_module = types.ModuleType("vllm.v1.worker.gpu.model_runner")
-    v2_module.GPUModelRunner = GPUModelRunner  # type: ignore[attr-defined]
-    worker_pkg = types.ModuleType("vllm.v1.worker")
-    worker_pkg.gpu_worker, worker_pkg.gpu_model_runner = gpu_worker, v1_module  # type: ignore[attr-defined]
-    v2_pkg = types.ModuleType("vllm.v1.worker.gpu")
-    v2_pkg.model_runner = v2_module  # type: ignore[attr-defined]
-    worker_pkg.gpu = v2_pkg  # type: ignore[attr-defined]
-    vllm = types.ModuleType("vllm")
-    vllm.envs = SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=True)  # type: ignore[attr-defined]
     torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True))
-    for name, mod in {"torch": torch, "vllm": vllm, "vllm.v1": types.ModuleType("vllm.v1"),
-                      "vllm.v1.worker": worker_pkg, "vllm.v1.worker.gpu_worker": gpu_worker,
-                      "vllm.v1.worker.gpu_model_runner": v1_module, "vllm.v1.worker.gpu": v2_pkg,
-                      "vllm.v1.worker.gpu.model_runner": v2_module}.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    modules = fake_modules(monkeypatch, {
+        "torch": vars(torch),
+        "vllm": {"envs": SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=True)},
+        "vllm.v1.worker.gpu_worker": {"memory_profiling": memory_profiling},
+        "vllm.v1.worker.gpu_model_runner": {"GPUModelRunner": V1Runner},
+        "vllm.v1.worker.gpu.model_runner": {"GPUModelRunner": GPUModelRunner},
+    })
+    gpu_worker = modules["vllm.v1.worker.gpu_worker"]
 
     md.install_hooks()
     md.install_hooks()  # idempotent

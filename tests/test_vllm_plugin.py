@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import tomllib
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from module_fakes import fake_modules
 from vramgate.engine import memory_decision as md
 from vramgate.engine.spec import EngineSpec
 
@@ -77,15 +77,10 @@ def test_a_tensor_parallel_decision_is_the_smallest_ranks() -> None:
 def test_each_gpu_rank_reports_the_kv_memory_it_found() -> None:
     worker = SimpleNamespace(requested_memory=72 * GIB, init_snapshot=SimpleNamespace(total_memory=80 * GIB),
                              available_kv_cache_memory_bytes=58 * GIB, model_runner=SimpleNamespace())
-    torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True))
-    vllm = types.ModuleType("vllm")
-    vllm.envs = SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=True)  # type: ignore[attr-defined]
-    worker_pkg = types.ModuleType("vllm.v1.worker")
-    worker_pkg.gpu_worker = types.ModuleType("vllm.v1.worker.gpu_worker")  # type: ignore[attr-defined]
     with pytest.MonkeyPatch.context() as mp:
-        for name, mod in {"torch": torch, "vllm": vllm, "vllm.v1": types.ModuleType("vllm.v1"),
-                          "vllm.v1.worker": worker_pkg, "vllm.v1.worker.gpu_worker": worker_pkg.gpu_worker}.items():
-            mp.setitem(sys.modules, name, mod)
+        fake_modules(mp, {"torch": {"cuda": SimpleNamespace(is_available=lambda: True)},
+                          "vllm": {"envs": SimpleNamespace(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=True)},
+                          "vllm.v1.worker.gpu_worker": {}})
         assert md.worker_memory_decision(worker)["available_kv_bytes"] == 58 * GIB
 
 
@@ -151,13 +146,12 @@ def test_the_engine_driver_leaves_cuda_alone_until_vllm_started_its_workers(
             seen["environ"] = dict(os.environ)
             raise _Started
 
-    vllm = types.ModuleType("vllm")
-    vllm.LLM, vllm.SamplingParams = LLM, dict  # type: ignore[attr-defined]
-    platforms = types.ModuleType("vllm.platforms")
-    platforms.current_platform = SimpleNamespace(  # type: ignore[attr-defined]
-        get_device_total_memory=lambda device_id=0: 80 * GIB, is_cpu=lambda: False)
-    for name, mod in {"torch": _fake_torch(touched), "vllm": vllm, "vllm.platforms": platforms}.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    fake_modules(monkeypatch, {
+        "vllm": {"LLM": LLM, "SamplingParams": dict},
+        "vllm.platforms": {"current_platform": SimpleNamespace(
+            get_device_total_memory=lambda device_id=0: 80 * GIB, is_cpu=lambda: False)},
+    })
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(touched))
     monkeypatch.setattr("vramgate.engine.spec.engine_tier", lambda: "gpu")
     monkeypatch.setattr(worker, "install_hooks", lambda: seen.setdefault("hooks", list(touched)))
     monkeypatch.setattr("vramgate.machine.probes.memory_history.start", lambda torch: torch.cuda.memory
@@ -208,15 +202,7 @@ def _gpu_stand_ins(device: _Device, monkeypatch: pytest.MonkeyPatch) -> type:
         mem_get_info=lambda d=None: (dev.free, dev.total), memory_reserved=lambda d=None: dev.reserved,
         max_memory_reserved=lambda d=None: dev.peak_reserved, memory_allocated=lambda d=None: dev.allocated,
         max_memory_allocated=lambda d=None: dev.allocated)
-    mem_utils = types.ModuleType("vllm.utils.mem_utils")
-    mem_utils.MemorySnapshot = MemorySnapshot  # type: ignore[attr-defined]
-    utils = types.ModuleType("vllm.utils")
-    utils.mem_utils = mem_utils  # type: ignore[attr-defined]
-    vllm = types.ModuleType("vllm")
-    vllm.utils = utils  # type: ignore[attr-defined]
-    for name, mod in {"torch": SimpleNamespace(cuda=cuda), "vllm": vllm, "vllm.utils": utils,
-                      "vllm.utils.mem_utils": mem_utils}.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    fake_modules(monkeypatch, {"torch": {"cuda": cuda}, "vllm.utils.mem_utils": {"MemorySnapshot": MemorySnapshot}})
     return MemorySnapshot
 
 
