@@ -63,18 +63,23 @@ def llm_kwargs(spec: EngineSpec, model_dir: Path, device_total_bytes: int | None
     kwargs = _base_kwargs(spec, model_dir)
     kwargs["kv_cache_memory_bytes"] = budget
     if device_total_bytes:
-        from vramgate.models.config import ModelConfigError, read_config
-        from vramgate.models.quant import QuantConfigError, weight_size
-
-        try:
-            weights = weight_size(read_config(model_dir / "config.json"), "bf16").total_bytes
-        except (ModelConfigError, QuantConfigError):  # a model the weight-size model does not cover: headroom only
-            weights = 0
-        weights = -(-weights // max(1, spec.tensor_parallel_size))  # one rank's share (Note [GPU utilization])
-        kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"], weights,
-                                                           device_total_bytes)
+        kwargs["gpu_memory_utilization"] = gpu_utilization(kwargs["kv_cache_memory_bytes"],
+                                                           rank_weights_bytes(spec, model_dir), device_total_bytes)
     kwargs.update(spec.engine_args)
     return kwargs
+
+
+def rank_weights_bytes(spec: EngineSpec, model_dir: Path) -> int:
+    """One tensor-parallel rank's share of the bf16 weights of the model in *model_dir* (Note [GPU utilization]:
+    an upper bound for a quantized checkpoint); 0 for a model the weight-size model does not cover."""
+    from vramgate.models.config import ModelConfigError, read_config
+    from vramgate.models.quant import QuantConfigError, weight_size
+
+    try:
+        weights = weight_size(read_config(model_dir / "config.json"), "bf16").total_bytes
+    except (ModelConfigError, QuantConfigError):  # a model the weight-size model does not cover: headroom only
+        return 0
+    return -(-weights // max(1, spec.tensor_parallel_size))
 
 
 def _base_kwargs(spec: EngineSpec, model_dir: Path) -> dict[str, Any]:

@@ -88,14 +88,12 @@ def worker_fusion_passes(worker: Any) -> dict[str, Any]:
 
     found: dict[str, Any] = {}
     for obj in tracked_objects(FUSION_PASSES):
-        name = type(obj).__name__
-        if name in FUSION_PASSES:
-            entry = found.setdefault(name, {"instances": 0, "enabled": False, "matched": None})
-            entry["instances"] += 1
-            entry["enabled"] = entry["enabled"] or getattr(obj, "disabled", True) is False
-            matched = getattr(obj, "matched_count", None)
-            if isinstance(matched, int):
-                entry["matched"] = (entry["matched"] or 0) + matched
+        entry = found.setdefault(type(obj).__name__, {"instances": 0, "enabled": False, "matched": None})
+        entry["instances"] += 1
+        entry["enabled"] = entry["enabled"] or getattr(obj, "disabled", True) is False
+        matched = getattr(obj, "matched_count", None)
+        if isinstance(matched, int):
+            entry["matched"] = (entry["matched"] or 0) + matched
     module = sys.modules.get(FUSION_MODULE)
     comm = None if module is None else getattr(module, "flashinfer_comm", None) is not None
     return {"passes": found, "flashinfer_comm": comm}

@@ -116,23 +116,18 @@ def claim_of(spec: Any, root: Path, total_bytes: int) -> tuple[float, int]:
     """(``gpu_memory_utilization``, bytes each rank holds once up) for an engine of *spec* on a device of
     *total_bytes* (Note [rehearsal]): the utilization the gate passes vLLM (its engine arguments, as
     :func:`vramgate.engine.arguments.llm_kwargs` builds them) and what vLLM then holds per rank."""
-    from vramgate.engine.arguments import llm_kwargs
+    from vramgate.engine.arguments import llm_kwargs, rank_weights_bytes
     from vramgate.engine.spec import kv_budget_bytes
-    from vramgate.models.config import ModelConfigError, load_model, read_config
-    from vramgate.models.quant import QuantConfigError, weight_size
+    from vramgate.models.config import load_model
 
-    model = load_model(root, spec.model).path
-    kwargs = llm_kwargs(spec, model.parent, total_bytes)
+    model_dir = load_model(root, spec.model).path.parent
+    kwargs = llm_kwargs(spec, model_dir, total_bytes)
     utilization = float(kwargs.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
     budget = kv_budget_bytes(spec)
     if budget is None:
         return utilization, math.ceil(total_bytes * utilization)
-    try:
-        weights = weight_size(read_config(model), "bf16").total_bytes
-    except (ModelConfigError, QuantConfigError):
-        weights = 0
-    ranks = max(1, int(spec.tensor_parallel_size))
-    return utilization, int(kwargs.get("kv_cache_memory_bytes", budget)) + weights // ranks + RANK_OVERHEAD_BYTES
+    kv = int(kwargs.get("kv_cache_memory_bytes", budget))
+    return utilization, kv + rank_weights_bytes(spec, model_dir) + RANK_OVERHEAD_BYTES
 
 
 class Rehearsal:
@@ -154,7 +149,6 @@ class Rehearsal:
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
         """Replace NVML, the engine environment and the gate's process launcher."""
-        from vramgate.engine import memory_decision  # noqa: F401  (imported before the stub: nothing of vLLM)
         from vramgate.runtime import engine_env
 
         mp.setitem(sys.modules, "pynvml", self.nvml)
@@ -236,18 +230,17 @@ class Rehearsal:
     # -- judging
 
     def untrusted_by_own(self, item: pytest.Item) -> None:
-        """A finding when the GPU-state guard distrusted *item* because of processes that were all the gate's."""
+        """A finding when the GPU-state guard distrusted *item* while every process on the box was the gate's (its
+        own and its stand-ins): the fake box never throttles, so processes are all that can distrust a test."""
         from vramgate.pytest_plugin.plugin import GATE_KEY
 
         recorder = item.stash.get(GATE_KEY, None)
-        for reason in getattr(recorder, "untrusted", []) or []:
-            if "process" not in reason:
-                continue
-            foreign = [pid for ledger in self.ledgers for pid in ledger.live()
-                       if pid != os.getpid() and pid not in self.standins]
-            if not foreign:
-                self.findings.append(Finding("untrusted", item.nodeid, f"the GPU-state guard distrusted the test "
-                                             f"because of the gate's own processes: {reason}"))
+        reasons = list(getattr(recorder, "untrusted", None) or [])
+        foreign = [pid for ledger in self.ledgers for pid in ledger.live()
+                   if pid != os.getpid() and pid not in self.standins]
+        if reasons and not foreign:
+            self.findings.append(Finding("untrusted", item.nodeid, "the GPU-state guard distrusted the test because "
+                                         f"of the gate's own processes: {'; '.join(reasons)}"))
 
     def still_held(self) -> None:
         """Findings for every stand-in that still runs (and holds its memory) at the end of the session."""

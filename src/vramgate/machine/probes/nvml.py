@@ -64,15 +64,20 @@ def read_device(index: int = 0) -> DeviceMemory:
             handle = devices.handle(nvml, index)
         except devices.NotVisible as exc:
             raise NVMLUnavailable(str(exc)) from None
-        info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        procs: dict[int, int] = {}
-        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            used = proc.usedGpuMemory
-            if used is not None:
-                procs[int(proc.pid)] = procs.get(int(proc.pid), 0) + int(used)
-        return DeviceMemory(index, int(info.total), int(info.used), procs)
+        return _device_memory(nvml, handle, index)
     finally:
         nvml.nvmlShutdown()
+
+
+def _device_memory(nvml: Any, handle: Any, index: int) -> DeviceMemory:
+    """One reading of the device behind *handle* (*nvml*: an initialized pynvml)."""
+    info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    procs: dict[int, int] = {}
+    for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        used = proc.usedGpuMemory
+        if used is not None:
+            procs[int(proc.pid)] = procs.get(int(proc.pid), 0) + int(used)
+    return DeviceMemory(index, int(info.total), int(info.used), procs)
 
 
 def process_used_bytes(pid: int, index: int = 0) -> int:
@@ -114,16 +119,12 @@ class TreeDeviceReader:
 
     def read(self, pids: Collection[int]) -> TreeDeviceMemory | None:
         """The device memory of *pids* (a process tree) and of the devices now; None when NVML fails to answer."""
-        tree, named, total = 0, False, 0
         try:
-            for handle in self.handles:
-                total += int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
-                for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if int(proc.pid) in pids and proc.usedGpuMemory is not None:
-                        tree, named = tree + int(proc.usedGpuMemory), True
+            readings = [_device_memory(self._nvml, handle, i) for i, handle in enumerate(self.handles)]
         except Exception:  # pynvml's NVMLError (a lost GPU, a driver reset): no reading this time
             return None
-        return TreeDeviceMemory(tree if named else None, total)
+        named = [used for r in readings for pid, used in r.processes.items() if pid in pids]
+        return TreeDeviceMemory(sum(named) if named else None, sum(r.used_bytes for r in readings))
 
     def close(self) -> None:
         """End this reader's use of NVML."""
