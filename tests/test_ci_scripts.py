@@ -232,18 +232,15 @@ def test_every_gpu_gate_job_has_the_time_the_gpu_gate_workflow_gives_it() -> Non
     assert {"gpu-gate.yml/gate", "baselines.yml/record"} <= set(found)
 
 
-def _combine_script() -> str:
-    """The Python of baselines.yml's step that combines the shards' copies of baselines/."""
-    import textwrap
-
+def _combine_command() -> str:
+    """The command of baselines.yml's step that combines the shards' copies of baselines/."""
     import yaml
 
     flow = yaml.safe_load((ROOT / ".github" / "workflows" / "baselines.yml").read_text())
     steps = [s for job in flow["jobs"].values() for s in job.get("steps", [])
              if s.get("name") == "Combine the shards' baselines"]
     assert len(steps) == 1
-    run = str(steps[0]["run"])
-    return textwrap.dedent(run.split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0])
+    return str(steps[0]["run"]).strip()
 
 
 def test_the_shards_baselines_are_combined_test_by_test(tmp_path: Path) -> None:
@@ -270,8 +267,8 @@ def test_the_shards_baselines_are_combined_test_by_test(tmp_path: Path) -> None:
 
     def combine(work: Path) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(Path(vramgate.__file__).parents[1])}
-        return subprocess.run([sys.executable, "-c", _combine_script()], cwd=work, env=env, capture_output=True,
-                              text=True)
+        command = _combine_command().replace("python ", f"{sys.executable} ", 1)  # the step's own command line
+        return subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True)
 
     base = {"t::a": 1.0, "t::b": 2.0, "t::c": 3.0, "t::d": 4.0}
     write(tmp_path / "baselines", base)
@@ -289,3 +286,4 @@ def test_the_shards_baselines_are_combined_test_by_test(tmp_path: Path) -> None:
     write(tmp_path / "shards" / "s-2", {**base, "t::a": 11.0})
     out = combine(tmp_path)
     assert out.returncode != 0 and "t::a re-recorded by both s-1 and s-2" in out.stderr
+    assert values(tmp_path / "baselines") == base, "a conflict writes nothing"

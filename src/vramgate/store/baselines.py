@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -257,3 +258,37 @@ class DirectoryStorage:
         for path in paths:
             self._cache[path] = self._read(path)
         return paths
+
+
+def combine_shards(root: Path, shards: Sequence[Path]) -> list[str]:
+    """Merge into the baselines folder *root* what each shard of a sharded ``--gate-update`` re-recorded into its
+    own copy of *root* (a shard folder holds ``<key>/<suite>.json`` as *root* does); a line per file and shard
+    saying how many tests it took.
+
+    The shards partition the node ids and a suite's file holds tests of every shard, so no shard's copy may replace
+    a whole file: a test is taken from the shard whose copy changed or dropped it, and merged in by node id through
+    :meth:`DirectoryStorage.update`, as a ``--gate-update`` run merges its own tests. :class:`BaselineError` naming
+    the file and the test when two shards changed the same one."""
+    storage = DirectoryStorage(root)
+    files = [(shard, path.relative_to(shard)) for shard in shards for path in sorted(shard.glob("*/*.json"))]
+    base = {name: storage._read(root / name) for _, name in files}  # every shard's copy began as these
+    taken: dict[tuple[Path, str], str] = {}
+    changes = []
+    for shard, name in files:  # every change found, and every conflict refused, before anything is written
+        new, old = storage._read(shard / name), base[name]
+        if new is None:
+            continue
+        before = old.tests if old else {}
+        moved = {n: t for n, t in new.tests.items() if n not in before or before[n].to_json() != t.to_json()}
+        moved |= {n: NodeBaseline({}, t.recorded) for n, t in before.items() if n not in new.tests}
+        for nodeid in moved:
+            other = taken.setdefault((name, nodeid), shard.name)
+            if other != shard.name:
+                raise BaselineError(root / name, f"{nodeid} re-recorded by both {other} and {shard.name}")
+        if moved:
+            changes.append((shard, name, new.hardware, moved))
+    lines = []
+    for shard, name, hardware, moved in changes:
+        storage.update(name.parent.name, name.stem, hardware, moved)
+        lines.append(f"{name}: {len(moved)} test(s) from {shard.name}")
+    return lines

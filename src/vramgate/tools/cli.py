@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from vramgate.tools.commands import (
+    baselines,
     calibrate,
     doctor,
     engine,
@@ -25,8 +26,8 @@ from vramgate.tools.commands import (
 )
 
 #: The command modules, in the order ``vramgate --help`` lists their commands.
-COMMANDS = (hardware, doctor, simulate, engine, patches, report, history, gpu_cleanup, calibrate, plan, install_engine,
-            upgrade, trace, matrix)
+COMMANDS = (hardware, doctor, simulate, engine, patches, report, history, baselines, gpu_cleanup, calibrate, plan,
+            install_engine, upgrade, trace, matrix)
 
 
 def build_parser() -> argparse.ArgumentParser:
