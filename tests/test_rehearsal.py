@@ -266,3 +266,26 @@ def test_on_a_device_the_pool_keeps_only_the_running_tests_servers(exclusive: bo
         pool.after_test(next_uses_servers=False)
         assert len(pool.up()) == 3
     assert _FakeServer.started == ["8", "16", "32"]
+
+
+def test_memory_held_past_the_gates_stop_is_a_finding() -> None:
+    """A stand-in still running after the gate ended its group (a stop that missed a process), and one still
+    running at the session's end: each is a ``held`` finding, and the second is ended then."""
+    r = rehearsal.Rehearsal(fake_device.BOXES["h100x1"], None)
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+             for _ in range(2)]
+    try:
+        for proc in procs:
+            r.standins[proc.pid] = "vLLM server for tiny-llama (unpatched)"
+        r._killer(lambda proc, grace_s=None: None)(procs[0])  # a stop that ends nothing
+        assert [f.kind for f in r.findings] == ["held"] and str(procs[0].pid) in r.findings[0].message
+        procs[0].kill()
+        procs[0].wait()
+        r.still_held()
+        assert [f.kind for f in r.findings] == ["held", "held"] and r.findings[1].test == "(session end)"
+        assert procs[1].wait(timeout=10) is not None, "the rehearsal ends what the session left"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -78,12 +78,13 @@ class Finding:
 
 def _stub_vllm(source: Path | None) -> Any:
     """The engine environment the rehearsal pretends: the pinned vLLM (its package folder *source*), a CUDA build."""
-    from vramgate import VLLM_VERSION
+    from vramgate import TORCH_CPU_VERSION, VLLM_VERSION
     from vramgate.runtime.engine_env import EngineEnv
 
     return EngineEnv(python=sys.executable, python_version=".".join(map(str, sys.version_info[:3])),
                      vllm=VLLM_VERSION, vllm_distribution="vllm",
-                     vllm_package=None if source is None else str(source), torch="2.13.0")
+                     vllm_package=None if source is None else str(source),
+                     torch=TORCH_CPU_VERSION.split("+")[0])  # the CUDA build of the same release
 
 
 def engine_kind(command: Sequence[str]) -> str | None:
