@@ -21,7 +21,9 @@ from vramgate.testing import (
     SimResult,
     Simulator,
     build,
+    check_answers,
     check_claims,
+    check_task_accuracy,
     cpu_backend_problem,
     engine_tier,
     skip_unmet,
@@ -82,7 +84,8 @@ def engine_figures(result: EngineResult) -> dict[str, float]:
 
 @pytest.mark.gate_profiles("block_manager", reference="baseline")
 def test_engine_pressure(gate: Gate, engine: Engine, model_shape: ModelLoader, profile: Profile | None) -> None:
-    """The pressure suite's engine run, with each profile applied."""
+    """The pressure suite's engine run, with each profile applied: its cost, its claims, and its answers against the
+    unpatched run's (the model answers the recall task; the unpatched run must answer it all)."""
     skip_unmet(profile)
     spec = PRESSURE_SPEC if profile is None else PRESSURE_SPEC.replace(profile=profile.name)
     if profile is not None and engine_tier() == "cpu":
@@ -97,5 +100,10 @@ def test_engine_pressure(gate: Gate, engine: Engine, model_shape: ModelLoader, p
     gate.record("capacity_tokens", figures["capacity_tokens"], unit="tokens", better="higher")
     per_request = [n / e for n, e in zip(result.latency.output_lens, result.latency.e2e_s, strict=True) if e]
     gate.record_samples("request_throughput", per_request, unit="tokens/s", better="higher", tolerance=TOLERANCE)
-    if profile is not None:
-        check_claims(gate, profile, "engine-pressure", figures, engine_figures(engine.run(PRESSURE_SPEC)))
+    if profile is None:
+        check_task_accuracy(gate, result, context=spec.model)
+        return
+    reference = engine.run(PRESSURE_SPEC)
+    check_claims(gate, profile, "engine-pressure", figures, engine_figures(reference))
+    # Note [the same answer] in vramgate.core.answers: the profile's answers against the unpatched run's, last
+    check_answers(gate, profile, result, reference, context=spec.model)

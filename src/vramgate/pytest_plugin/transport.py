@@ -62,7 +62,7 @@ def results_json(results: list[Any], claims: list[tuple[str, ClaimVerdict]], wri
                      "mismatches": r.mismatches, "conditions": r.conditions,
                      "findings": [finding_json(f) for f in r.findings]} for r in results],
         "claims": [{"test": nodeid, "statement": c.statement, "held": c.held, "evidence": c.evidence,
-                    "source": c.source} for nodeid, c in claims],
+                    "source": c.source, "judged": c.judged} for nodeid, c in claims],
         "written": [str(p) for p in written],
         "errors": list(errors),
     }
@@ -77,5 +77,6 @@ def results_from(
                            conditions=list(r["conditions"]),
                            portable_path=Path(r["portable_path"]) if r["portable_path"] else None)
                for r in data["results"]]
-    claims = [(c["test"], ClaimVerdict(c["statement"], c["held"], c["evidence"], c["source"])) for c in data["claims"]]
+    claims = [(c["test"], ClaimVerdict(c["statement"], c["held"], c["evidence"], c["source"], c.get("judged", True)))
+              for c in data["claims"]]
     return results, claims, [Path(p) for p in data["written"]], list(data["errors"])

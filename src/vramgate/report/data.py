@@ -76,7 +76,8 @@ def report_data(summary: Summary) -> dict[str, Any]:
         "version_mismatches": sorted(summary.mismatch_lines()),
         "tests": tests,
         "claims": sorted(
-            ({"test": nodeid, "statement": c.statement, "held": c.held, "evidence": c.evidence, "source": c.source}
+            ({"test": nodeid, "statement": c.statement, "held": c.held, "evidence": c.evidence, "source": c.source,
+              **({} if c.judged else {"judged": False})}  # a claim settled or not (ClaimVerdict.judged)
              for nodeid, c in summary.claims),
             key=lambda c: (c["test"], c["statement"]),
         ),

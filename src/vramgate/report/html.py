@@ -147,17 +147,20 @@ def _claims(data: dict[str, Any]) -> list[str]:
     if not claims:
         return []
     held = [c for c in claims if c["held"]]
-    not_held = [c for c in claims if not c["held"]]
+    unjudged = [c for c in claims if not c.get("judged", True)]
+    not_held = [c for c in claims if not c["held"] and c not in unjudged]
     opened = " open" if len(claims) <= OPEN_CLAIMS else ""
+    also = f", {len(unjudged)} not judged" if unjudged else ""
     return ['<h2 id="claims">Claims</h2>',
-            f"<details{opened}><summary>{len(not_held)} not held, {len(held)} held</summary>",
-            *_claim_table(not_held + held), "</details>"]
+            f"<details{opened}><summary>{len(not_held)} not held, {len(held)} held{also}</summary>",
+            *_claim_table(not_held + held + unjudged), "</details>"]
 
 
 def _claim_table(claims: list[dict[str, Any]]) -> list[str]:
     out = ["<table><tr><th>verdict</th><th>claim</th><th>evidence</th><th>test</th></tr>"]
-    for c in sorted(claims, key=lambda c: (c["held"], c["test"], c["statement"])):
-        verdict = '<span class="held">held</span>' if c["held"] else '<span class="not-held">not held</span>'
+    for c in sorted(claims, key=lambda c: (not c.get("judged", True), c["held"], c["test"], c["statement"])):
+        verdict = ('<span class="note">not judged</span>' if not c.get("judged", True) else
+                   '<span class="held">held</span>' if c["held"] else '<span class="not-held">not held</span>')
         source = f'<br><span class="note">{escape(c["source"])}</span>' if c.get("source") else ""
         test = c["test"].split("::", 1)[-1]
         out.append(f"<tr><td>{verdict}</td><td>{escape(c['statement'])}{source}</td><td>{escape(c['evidence'])}"

@@ -60,7 +60,7 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
     if data["claims"]:
         out += ["### Claims", "", "| verdict | claim | evidence | test |", "|---|---|---|---|"]
         for c in data["claims"]:
-            verdict = "✅ held" if c["held"] else "❌ not held"
+            verdict = "⚪ not judged" if not c.get("judged", True) else "✅ held" if c["held"] else "❌ not held"
             out.append(f"| {verdict} | {_md_escape(c['statement'])} | {_md_escape(c['evidence'])} | `{c['test']}` |")
         out.append("")
     if failed:

@@ -87,8 +87,8 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
     hw = summary.hardware
     tr.write_line(f"hardware: {hw.key} ({hw.source}); tier: {hw.tier}; baselines: {summary.baselines_dir}")
     for nodeid, claim in sorted(summary.claims, key=lambda c: (c[0], c[1].statement)):
-        mark = "HELD" if claim.held else "NOT HELD"
-        tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=not claim.held)
+        mark = claim.verdict.upper()
+        tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=claim.judged and not claim.held)
         tr.write_line(f"    {claim.evidence}  [{nodeid}]")
     for line in summary.mismatch_lines():
         tr.write_line(f"!! VERSION MISMATCH with baseline: {line}", red=True, bold=True)

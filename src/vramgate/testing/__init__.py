@@ -67,6 +67,7 @@ from vramgate.runtime.engine_env import EngineEnv
 
 # -- the simulator, workloads and the matrix (for the suites: import them from here) --
 from vramgate.sim import SimResult, simulate
+from vramgate.testing.answers import check_answers, check_task_accuracy
 from vramgate.testing.claims import check_claims
 from vramgate.testing.engines import (
     PRESSURE_SPEC,
@@ -149,7 +150,9 @@ __all__ = [
     "build",
     "build_overlay",
     "check",
+    "check_answers",
     "check_claims",
+    "check_task_accuracy",
     "checkpoint_of",
     "checkpoint_tensors",
     "children",

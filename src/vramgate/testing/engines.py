@@ -82,9 +82,11 @@ def unpaired_latency_tolerance(*, first_token: bool = False) -> float:
 
 
 #: The KV-pressure engine run shared by the pressure and block_manager suites (one run per session):
-#: tiny-llama, 8 MiB of KV (about 8k tokens at 1 KiB per token) for 48 ShareGPT-like requests.
+#: recall-llama (the KV shape of tiny-llama, 1 KiB per token, with weights that answer the recall task: Note [recall
+#: task] in vramgate.models.recall), 8 MiB of KV (about 8k tokens) for 48 ShareGPT-like requests. The prompts are the
+#: task's at the workload's lengths, so the scheduler's figures are what tiny-llama's random prompts gave.
 PRESSURE_SPEC = EngineSpec(
-    model="tiny-llama", workload="sharegpt", requests=48, seed=1, block_size=32, max_model_len=2048,
+    model="recall-llama", workload="sharegpt", requests=48, seed=1, block_size=32, max_model_len=2048,
     max_num_seqs=32, max_num_batched_tokens=2048, kv_budget_gib=8 / 1024,
 )
 

@@ -61,6 +61,7 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"checkpoint: {profile.checkpoint.format}, group size {profile.checkpoint.group_size}")
     for claim in profile.claims:
         print(f"claim: {claim.describe()}")
+    print(f"outputs: {profile.outputs.describe()} ({profile.outputs.origin or 'the manifest'})")
     for diff in profile.series:
         files = parse_diff(diff.read_text(encoding="utf-8"), diff.name)
         print(f"\n{diff.name}: " + ", ".join(f"{f.path} ({len(f.hunks)} hunk(s))" for f in files))

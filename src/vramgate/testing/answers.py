@@ -1,0 +1,115 @@
+"""Profiles' outputs in the suites: a patched run's answers held against the unpatched run's (Note [the same answer]
+in :mod:`vramgate.core.answers`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vramgate.core.answers import AnswersError, Comparison, compare
+from vramgate.engine import EngineResult
+from vramgate.profiles import Profile
+from vramgate.pytest_plugin.fixture import Gate
+
+#: The evidence of a verdict no run could settle: one side generated on dummy weights.
+NOT_JUDGED = "outputs not judged: dummy weights"
+
+
+def check_answers(gate: Gate, profile: Profile, candidate: EngineResult, reference: EngineResult, *,
+                  labels: tuple[str, str] = ("patched", "unpatched"), context: str = "",
+                  metric_prefix: str = "") -> Comparison | None:
+    """Hold *candidate*'s outputs (the profile's run) against *reference*'s (the unpatched run's, of the same
+    prompts) to *profile*'s ``[outputs]`` expectation; the comparison, or None where nothing was judged.
+
+    Records in *gate*'s report a verdict row (a claim whose source is the manifest) and, where both runs have
+    outputs, the figures ``tokens_equal_fraction``, ``task_accuracy`` (the candidate's) and
+    ``reference_task_accuracy`` (each after *metric_prefix*; held to no baseline: Note [budget-only figures] in
+    :mod:`vramgate.core.metrics`). A run without outputs (dummy weights) is not judged: the row says so and the test
+    goes on. An expectation not met fails the test (``pytest.fail``) with the check, the expectation, the first
+    divergence, both sides' accuracy and how to accept it on purpose: call it after the test's other records.
+    *labels* name the candidate and the reference; *context* (the model, say) goes into the evidence."""
+    expectation = profile.outputs
+    source = f"patches/{profile.name}/manifest.toml"
+    statement = f"{profile.name}: {expectation.statement(labels[1])}"
+    where = f" on {context}" if context else ""
+    missing = [label for label, result in zip(labels, (candidate, reference), strict=True) if result.outputs is None]
+    if missing:
+        gate.claim(statement, held=False, judged=False, source=source,
+                   evidence=f"{NOT_JUDGED} (the {' and the '.join(missing)} run{'s' if len(missing) > 1 else ''} "
+                            f"recorded no outputs){where}")
+        return None
+    assert candidate.outputs is not None and reference.outputs is not None
+    try:
+        comparison = compare(reference.outputs, candidate.outputs, top_k=expectation.top_k)
+    except AnswersError as exc:
+        pytest.fail(f"vramgate: the outputs of {profile.name} cannot be compared with the {labels[1]} run's: {exc}",
+                    pytrace=False)
+    gate.record(f"{metric_prefix}tokens_equal_fraction", comparison.tokens_equal_fraction, unit="ratio",
+                better="higher", history=False)
+    if comparison.judged_requests:
+        gate.record(f"{metric_prefix}task_accuracy", comparison.candidate_accuracy, unit="ratio", better="higher",
+                    history=False)
+        gate.record(f"{metric_prefix}reference_task_accuracy", comparison.reference_accuracy, unit="ratio",
+                    better="higher", history=False)
+    held, check = expectation.judge(comparison, labels)
+    gate.claim(statement, held=held, source=source,
+               evidence=f"{check}; {comparison.tokens_line()}; {comparison.accuracy_line(labels)} "
+                        f"({expectation.describe()}, {expectation.origin or 'the manifest'}){where}")
+    if not held:
+        pytest.fail(failure_message(profile, comparison, check, labels, context), pytrace=False)
+    return comparison
+
+
+def failure_message(profile: Profile, comparison: Comparison, check: str, labels: tuple[str, str],
+                    context: str = "") -> str:
+    """Why *profile*'s outputs fail its expectation, as the gate says it: the headline, the check that decided, the
+    first divergence, the tokens and both sides' accuracy, the expectation and how to accept the change on
+    purpose."""
+    expectation = profile.outputs
+    manifest = f"patches/{profile.name}/manifest.toml"
+    first = comparison.first_divergence
+    head = (f"vramgate: outputs of {profile.name} fail [outputs] {expectation.describe()} against the {labels[1]} run"
+            + (f" ({context})" if context else ""))
+    lines = [head, f"- check: {check}",
+             "- first divergence: " + (first.describe(labels) if first else "none (every token equal)")]
+    bad = comparison.first_not_close
+    if bad is not None and bad != first:
+        lines.append(f"- first not close: {bad.describe(labels)}")
+    lines += [f"- {comparison.tokens_line()}", f"- {comparison.accuracy_line(labels)}",
+              f"Expectation: {expectation.describe()} ({expectation.origin or 'the manifest'}), {manifest}",
+              "To accept this on purpose, state what the profile computes in its manifest and commit it for review:",
+              f"    {manifest}: [outputs] {_looser(expectation.expect, comparison)}"]
+    return "\n".join(lines)
+
+
+def _looser(expect: str, comparison: Comparison) -> str:
+    """The ``[outputs]`` line that would accept *comparison*."""
+    if expect == "identical" and comparison.close:
+        return f'expect = "close" (top_k = {comparison.top_k}: the tokens differ, within the top-k)'
+    drop = math.ceil(max(0.0, comparison.accuracy_drop) * 100 - 1e-9) / 100  # up to the next point, never below
+    if comparison.judged_requests:
+        return f'expect = "accuracy", max_accuracy_drop = {drop:.2f} (the task accuracy this run lost)'
+    return 'expect = "accuracy", with a max_accuracy_drop the profile may lose'
+
+
+def check_task_accuracy(gate: Gate, result: EngineResult, *, context: str = "") -> float | None:
+    """Hold an unpatched run's answers to the task: every determined answer right, as its model was made to
+    answer (:class:`vramgate.models.recall.RecallModel`); records ``task_accuracy`` (held to no baseline) and fails
+    the test when an answer is wrong. None, recording nothing, for a run on dummy weights."""
+    if result.outputs is None:
+        return None
+    accuracy, judged = result.outputs.accuracy()
+    gate.record("task_accuracy", accuracy, unit="ratio", better="higher", history=False)
+    wrong = [i for i, r in enumerate(result.outputs.requests) if r.expected is not None and r.token_ids != r.expected]
+    if wrong:
+        first = result.outputs.requests[wrong[0]]
+        at = next(j for j, (a, b) in enumerate(zip(first.token_ids, first.expected or [], strict=False)) if a != b)
+        where = f" on {context}" if context else ""
+        pytest.fail(
+            f"vramgate: the unpatched engine answers {accuracy:.1%} of {judged} recall requests{where}, the model was "
+            f"made to answer them all: {len(wrong)} wrong, the first request {wrong[0]} at generated position {at} "
+            f"(token {first.token_ids[at]}, expected {first.expected[at] if first.expected else None}). vLLM itself, "
+            "its kernels on this machine, or the engine's arguments compute something else than the model's "
+            "reference (Note [recall weights] in vramgate.models.recall_weights)", pytrace=False)
+    return accuracy

@@ -1,0 +1,118 @@
+"""The output check catches what the memory and latency checks cannot: two planted regressions whose cost is no worse
+(or better) than the unpatched engine's, but whose answers are wrong. End to end on the CPU engine.
+
+- ``plant-kv-window`` (tests/data/profiles): vLLM's KV cache manager frees the blocks of a running request that
+  lie more than 256 tokens behind it, as sliding-window attention does, for full-attention layers. Fewer blocks
+  in use, fewer preemptions under KV pressure; attention still reads those positions, whose blocks the pool has
+  handed to other requests.
+- ``plant-attention-scale``: Llama's softmax scale 4x too small. The same kernels, blocks and steps; flattened
+  attention.
+
+Both say ``[outputs] expect = "identical"``: their outputs must be the unpatched engine's. A project with the real
+``block_manager`` suite runs ``test_engine_pressure`` unpatched and with each plant in one session (three engine
+runs: the unpatched one is shared by the baseline test and the plants' claims). The unpatched test passes; each
+plant's test fails on its outputs (the message names them and the first divergence) while its memory and latency
+rows (preemptions, recomputed tokens, KV capacity, request throughput) pass and its claims hold.
+Needs vLLM (the cpu-full env runs it); many minutes on 2 cores.
+
+The diffs themselves are checked against the pinned release's source without vLLM (the unit env fetches it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from vramgate.profiles import load_profile
+from vramgate.profiles.overlay import patched_files
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANTS = ("plant-kv-window", "plant-attention-scale")
+TEST = "suites/block_manager/test_block_manager.py::test_engine_pressure"
+#: The rows test_engine_pressure records: what the plants must not fail.
+COST_ROWS = ("preemptions", "recomputed_tokens", "capacity_tokens", "request_throughput")
+VLLM_VERSION = "0.32.0"
+
+
+def _vllm_source() -> Path | None:
+    """The pinned release's Python source (the CUDA wheel's, unpacked by scripts/vllm_sources.py), if here."""
+    given = os.environ.get("VRAMGATE_REHEARSAL_VLLM")
+    path = Path(given) if given else ROOT / ".tox" / "vllm-sources" / VLLM_VERSION / "vllm"
+    return path if (path / "v1" / "core" / "single_type_kv_cache_manager.py").is_file() else None
+
+
+SOURCE = _vllm_source()
+
+
+@pytest.mark.skipif(SOURCE is None, reason=f"no vLLM {VLLM_VERSION} source: tox -e unit fetches it "
+                                           "(scripts/vllm_sources.py)")
+@pytest.mark.parametrize("name", PLANTS)
+def test_the_plants_apply_to_the_pinned_release_and_expect_identical_outputs(name: str) -> None:
+    assert SOURCE is not None
+    profile = load_profile(ROOT / "tests" / "data" / "profiles" / name)
+    assert "block_manager" in profile.suites
+    notes: list[str] = []
+    files = patched_files(profile, SOURCE, VLLM_VERSION, notes)
+    assert notes == [], notes  # every hunk at its place
+    for rel, text in files.items():
+        compile(text, rel, "exec")
+    manifest = tomllib.loads((profile.path / "manifest.toml").read_text(encoding="utf-8"))
+    assert manifest["outputs"] == {"expect": "identical"}
+
+
+def _project(pytester: pytest.Pytester) -> pytest.Pytester:
+    shutil.copytree(ROOT / "suites" / "block_manager", pytester.path / "suites" / "block_manager")
+    shutil.copytree(ROOT / "fixtures", pytester.path / "fixtures")
+    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
+    shutil.copy(ROOT / "vramgate.toml", pytester.path / "vramgate.toml")
+    for name in PLANTS:
+        shutil.copytree(ROOT / "tests" / "data" / "profiles" / name, pytester.path / "patches" / name)
+    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}.items():
+        os.environ.setdefault(key, value)
+    return pytester
+
+
+def _cases(junit: Path) -> dict[str, ET.Element]:
+    return {case.get("name", ""): case for case in ET.parse(junit).getroot().iter("testcase")}
+
+
+def _failure_text(case: ET.Element) -> str:
+    failure = case.find("failure")
+    return "" if failure is None else f"{failure.get('message', '')}\n{failure.text or ''}"
+
+
+def test_the_plants_fail_on_their_outputs_and_pass_on_their_cost(vllm_env: Path, pytester: pytest.Pytester) -> None:
+    project = _project(pytester)
+    ids = [f"{TEST}[baseline]"] + [f"{TEST}[{name}]" for name in PLANTS]
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", *ids, "--gate-missing", "record",
+                                          "--gate-report", "out", "--junitxml", "junit.xml", timeout=3600)
+    out = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    if outcomes.get("passed") == 1 + len(PLANTS) and "not judged" in out:
+        pytest.fail("test_engine_pressure judged no outputs (its engine runs a model without trained weights), so "
+                    f"nothing could catch the plants:\n{out[-3000:]}")
+    result.assert_outcomes(passed=1, failed=len(PLANTS))
+    cases = _cases(project.path / "junit.xml")
+    assert _failure_text(cases["test_engine_pressure[baseline]"]) == "", out  # the unpatched answers pass
+    report = json.loads((project.path / "out" / "report.json").read_text())
+    tests = {t["nodeid"]: t for t in report["tests"]}
+    unpatched = {m["name"]: m["now"]["value"] for m in tests[f"{TEST}[baseline]"]["metrics"]}
+    for name in PLANTS:
+        text = _failure_text(cases[f"test_engine_pressure[{name}]"])
+        assert "outputs" in text.lower() and "first divergence" in text.lower(), (name, text or out)
+        rows = {m["name"]: m for m in tests[f"{TEST}[{name}]"]["metrics"]}
+        for metric in COST_ROWS:
+            assert metric in rows, (name, metric, sorted(rows))
+            assert not rows[metric]["failed"], (name, rows[metric])
+        # No baseline is stored here (the rows are new): hold them to the unpatched run of the same session.
+        assert rows["capacity_tokens"]["now"]["value"] == unpatched["capacity_tokens"], name
+        for metric in ("preemptions", "recomputed_tokens"):
+            assert rows[metric]["now"]["value"] <= unpatched[metric], (name, metric, rows[metric], unpatched)
+        claims = [c for c in report["claims"] if c["test"] == f"{TEST}[{name}]"]
+        assert all(c["held"] for c in claims), (name, claims)  # the cost it claims holds (where it was judged)
