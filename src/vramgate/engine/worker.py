@@ -141,9 +141,9 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
 
     sched.schedule = schedule
     timer = StepTimer(core, planted_delay())
-    trained = answers_wanted(kwargs)  # Note [the same answer] in vramgate.core.answers
+    answering = answers_wanted(kwargs)  # Note [the same answer] in vramgate.core.answers
     prompts, params = requests_of(spec, workload, int(cfg.model_config.get_vocab_size()), SamplingParams,
-                                  task=trained, logprobs=TOP_K if trained else None)
+                                  task=answering, logprobs=TOP_K if answering else None)
     t2 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     t_generate = time.perf_counter() - t2
@@ -237,7 +237,7 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
         "planted_delay": timer.delay,
         "decision": decision,
     }
-    if trained:  # on dummy weights the result has no outputs at all
+    if answering:  # on dummy weights the result has no outputs at all
         result["outputs"] = outputs_of(prompts, outputs, TOP_K).to_json()
     return result
 
@@ -276,8 +276,8 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
     if core is None:
         raise RuntimeError("the engine core is not in this process; set VLLM_ENABLE_V1_MULTIPROCESSING=0")
     vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
-    trained = answers_wanted(kwargs)  # the same prompts as run(); no logprobs: rounds are timed
-    prompts, params = requests_of(spec, workload, vocab, SamplingParams, task=trained)
+    answering = answers_wanted(kwargs)  # the same prompts as run(); no logprobs: rounds are timed
+    prompts, params = requests_of(spec, workload, vocab, SamplingParams, task=answering)
     timer = StepTimer(core, delay)
     _write_json(control / "ready.json",
                 {"init_s": init_s, "versions": engine_versions(), "planted_delay": timer.delay})
@@ -293,7 +293,7 @@ def serve(spec: EngineSpec, root: Path, control: Path) -> None:
         t2 = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t2
-        tokens = {"token_ids": [[int(t) for t in ro.outputs[0].token_ids] for ro in outputs]} if trained else {}
+        tokens = {"token_ids": [[int(t) for t in ro.outputs[0].token_ids] for ro in outputs]} if answering else {}
         _write_json(control / f"round-{words[1]}.json",
                     {**request_latency(outputs), "steps_s": list(timer.steps), "wall_s": wall, **tokens})
 

@@ -1,4 +1,5 @@
-"""Tiny quantized checkpoints from seeded random weights, in the on-disk formats vLLM loads.
+"""Tiny quantized checkpoints, in the on-disk formats vLLM loads: of seeded random weights, or of a recall model's
+weights (Note [quantized recall]).
 
 Note [packer]: the maintained quantization tools cannot run next to the
 pinned engine: llm-compressor 0.14 pins compressed-tensors 0.19 and
@@ -24,17 +25,45 @@ deprecated and AutoGPTQ has stopped. So:
 Round-to-nearest on random weights says nothing about a quantizer's accuracy;
 it gives real byte counts and real kernels, which is what the gate measures.
 Layouts and sizes come from :mod:`vramgate.models.quant`.
+
+Note [quantized recall]: a checkpoint whose answers mean something is quantized
+from a recall model (Note [recall task] in :mod:`vramgate.models.recall`):
+:func:`write_recall_checkpoint` reads the model's bf16 ``model.safetensors``
+(held to the SHA-256 its ``recall.json`` states), quantizes its decoder linear
+layers with the same packers, and writes beside the checkpoint a ``recall.json``
+that names the task, the new file's hash and the model it was quantized from. The
+engine loads such a folder as real weights and records what it generated
+(``answers_wanted`` in :mod:`vramgate.engine.worker`), so the quantization suite
+can hold each format's task accuracy against the bf16 model's. The recall
+weights are set by construction (Note [recall weights] in
+:mod:`vramgate.models.recall_weights`): every attention row has at most one
+non-zero weight per group of 128 inputs, and the MLPs write only to dimensions
+nothing reads. So AWQ's asymmetric grid (min and max of the group exact)
+gives the attention weights back up to their fp16 scale, while the symmetric
+grid of GPTQ and W4A16 (scale ``absmax / 7.5``, levels -8..7) cannot hold a
+group's largest value: it comes back as 7/7.5 or 8/7.5 of itself, which
+narrows the answers' margins without changing them (docs/quantization.md,
+"Task accuracy").
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vramgate.models.quant import CHECKPOINT_FORMATS, DEFAULT_GROUP_SIZE, QuantConfigError, layout, quantization_config
+from vramgate.models.quant import (
+    CHECKPOINT_FORMATS,
+    DEFAULT_GROUP_SIZE,
+    Layout,
+    QuantConfigError,
+    layout,
+    quantization_config,
+)
 
 #: A torch tensor (torch is imported where a function needs it, so that this module imports without it).
 Tensor = Any
@@ -43,6 +72,8 @@ Tensor = Any
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 #: Standard deviation of the random linear and embedding weights (a typical initializer range).
 WEIGHT_STD = 0.02
+#: The file every written checkpoint keeps its tensors in.
+WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -59,6 +90,11 @@ class Checkpoint:
     def total_bytes(self) -> int:
         """Bytes of all the checkpoint's tensors."""
         return sum(b for _, _, b in self.tensors.values())
+
+    @property
+    def weights_path(self) -> Path:
+        """The checkpoint's ``model.safetensors``."""
+        return self.path / WEIGHTS_FILE
 
 
 def _torch() -> Any:
@@ -250,20 +286,32 @@ def quantize_layer(scheme: str, w: Tensor, group_size: int = DEFAULT_GROUP_SIZE)
 
 
 def write_checkpoint(cfg: dict[str, Any], scheme: str, out_dir: Path, *, seed: int = 0,
-                     group_size: int = DEFAULT_GROUP_SIZE, where: str = "config") -> Checkpoint:
+                     group_size: int = DEFAULT_GROUP_SIZE, where: str = "config",
+                     weights: dict[str, Tensor] | None = None) -> Checkpoint:
     """Write ``config.json`` and ``model.safetensors`` of *cfg* in *scheme* (or ``bf16``) into *out_dir*.
 
-    The weights are :func:`reference_weights` (*seed*); linear layers of decoder
-    layers are quantized, the rest stays in the model's dtype. The folder is
-    replaced if it exists.
+    The weights are *weights* (every tensor of *cfg*'s layout, as a bf16
+    checkpoint names them), else :func:`reference_weights` (*seed*); linear
+    layers of decoder layers are quantized, the rest stays as given. The folder
+    is replaced if it exists.
     """
+    return _write(cfg, scheme, out_dir, weights, seed=seed, group_size=group_size, where=where)
+
+
+def _write(cfg: dict[str, Any], scheme: str, out_dir: Path, weights: dict[str, Tensor] | None, *, seed: int,
+           group_size: int, where: str, describe: Callable[[Path], dict[str, Any]] | None = None) -> Checkpoint:
+    """:func:`write_checkpoint`; *describe*, given the written ``model.safetensors``, returns the ``recall.json``
+    to write beside it (the folder appears whole, with it)."""
     from safetensors.torch import save_file  # type: ignore[import-not-found]
 
     if scheme not in (*CHECKPOINT_FORMATS, "bf16"):
         raise QuantConfigError(f"unknown checkpoint format {scheme!r}; accepted: bf16, "
                                f"{', '.join(CHECKPOINT_FORMATS)}")
-    weights = reference_weights(cfg, seed, where)
     lay = layout(cfg, where)
+    if weights is None:
+        weights = reference_weights(cfg, seed, where)
+    else:
+        _check_weights(weights, lay, where)
     tensors: dict[str, Tensor] = {t.name: weights[t.name] for t in lay.dense}
     for lin in lay.linears:
         w = weights[f"{lin.name}.weight"]
@@ -281,10 +329,106 @@ def write_checkpoint(cfg: dict[str, Any], scheme: str, out_dir: Path, *, seed: i
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    if describe is not None:
+        from vramgate.models.recall import MODEL_FILE
+
+        (tmp / MODEL_FILE).write_text(json.dumps(describe(tmp / WEIGHTS_FILE), indent=2, sort_keys=True) + "\n",
+                                      encoding="utf-8")
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    return Checkpoint(out_dir, scheme, group_size, read_header(out_dir / "model.safetensors"))
+    return Checkpoint(out_dir, scheme, group_size, read_header(out_dir / WEIGHTS_FILE))
+
+
+def _check_weights(weights: dict[str, Tensor], lay: Layout, where: str) -> None:
+    """:class:`QuantConfigError` unless *weights* hold every tensor of layout *lay*, in its shape, and no other."""
+    want = {t.name: tuple(t.shape) for t in lay.dense}
+    want.update({f"{lin.name}.weight": (lin.out_features, lin.in_features) for lin in lay.linears})
+    missing = sorted(set(want) - set(weights))
+    extra = sorted(set(weights) - set(want))
+    shapes = sorted(k for k in set(want) & set(weights) if tuple(weights[k].shape) != want[k])
+    if missing or extra or shapes:
+        parts = [f"missing {', '.join(missing[:5])}" if missing else "",
+                 f"not in the model {', '.join(extra[:5])}" if extra else "",
+                 "; ".join(f"{k} is {tuple(weights[k].shape)}, the model's {want[k]}" for k in shapes[:5])]
+        raise QuantConfigError(f"weights given for {where} do not fit its layout: "
+                               + "; ".join(p for p in parts if p))
+
+
+def read_weights(path: Path) -> dict[str, Tensor]:
+    """Every tensor of the safetensors file *path*, as stored."""
+    from safetensors.torch import load_file  # type: ignore[import-not-found]
+
+    return dict(load_file(str(path)))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_recall_checkpoint(model_dir: Path, scheme: str, out_dir: Path, *, group_size: int = DEFAULT_GROUP_SIZE,
+                            where: str | None = None) -> Checkpoint:
+    """The recall model in *model_dir* (``config.json``, its bf16 weights, ``recall.json``) quantized in *scheme*
+    into *out_dir*, with a ``recall.json`` of its own (Note [quantized recall]).
+
+    The weights must be the file the model's ``recall.json`` describes (its SHA-256); :class:`QuantConfigError`
+    when the folder has no recall model or other weights. *where*: the model folder as messages name it."""
+    from vramgate.models.config import read_config
+    from vramgate.models.recall import RecallModel
+
+    where = where or str(model_dir)
+    source = RecallModel.read(model_dir)
+    if source is None:
+        raise QuantConfigError(f"{where}: no recall model here (no recall.json): nothing whose answers mean something "
+                               "to quantize")
+    weights_file = model_dir / source.weights
+    found = _sha256(weights_file)
+    if found != source.sha256:
+        raise QuantConfigError(f"{weights_file}: SHA-256 {found}, but its recall.json describes {source.sha256}; "
+                               f"remake the model ({source.command})")
+    cfg = read_config(model_dir / "config.json")
+    weights = read_weights(weights_file)
+
+    def describe(written: Path) -> dict[str, Any]:
+        return {
+            "task": source.task, "weights": written.name, "sha256": _sha256(written),
+            "command": (f"vramgate.models.checkpoints.write_recall_checkpoint({where}, {scheme!r}, OUT, "
+                        f"group_size={group_size})"),
+            "seed": source.seed,
+            # What it was made with: the source's accuracy; its own is what an engine measures of it.
+            "accuracy": source.accuracy,
+            "details": {"quantized": {"format": scheme, "group_size": group_size,
+                                      "method": "round-to-nearest (Note [quantized recall] in "
+                                                "vramgate.models.checkpoints)"},
+                        "source": {"model": where, "sha256": source.sha256, "accuracy": source.accuracy,
+                                   "command": source.command},
+                        "accuracy": "the bf16 source's; the quantized model's own is the quantization suite's "
+                                    "task_accuracy"},
+        }
+
+    return _write(cfg, scheme, out_dir, weights, seed=source.seed, group_size=group_size, where=where,
+                  describe=describe)
+
+
+def dequantize_checkpoint(cfg: dict[str, Any], checkpoint: Checkpoint, where: str = "config") -> dict[str, Tensor]:
+    """The weights *checkpoint* stands for, named as a bf16 checkpoint names them: its 16-bit tensors as stored,
+    each quantized linear layer :func:`dequantize` d (fp32, independent of vLLM)."""
+    stored = read_weights(checkpoint.weights_path)
+    lay = layout(cfg, where)
+    out: dict[str, Tensor] = {t.name: stored[t.name] for t in lay.dense}
+    for lin in lay.linears:
+        name = f"{lin.name}.weight"
+        if name in stored:
+            out[name] = stored[name]
+            continue
+        prefix = f"{lin.name}."
+        tensors = {k[len(prefix):]: v for k, v in stored.items() if k.startswith(prefix) and "." not in k[len(prefix):]}
+        out[name] = dequantize(checkpoint.scheme, tensors, checkpoint.group_size)
+    return out
 
 
 def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str, int]]:

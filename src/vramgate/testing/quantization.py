@@ -10,6 +10,12 @@ reference's checkpoint bytes plus its KV budget. Its KV budget is that total
 minus its own checkpoint bytes, i.e. the reference's KV budget plus the bytes
 quantization freed (Note [fixed total budget]).
 
+The accuracy runs (:meth:`QuantRuns.accuracy_run`) are another pair: the recall model (:data:`RECALL_MODEL`, Note
+[recall task] in :mod:`vramgate.models.recall`) in bf16 and each profile's checkpoint quantized from its weights
+(Note [quantized recall] in :mod:`vramgate.models.checkpoints`), on the same prompts
+(:func:`accuracy_reference_spec`), so that the suite can hold each format's task accuracy against bf16's. Both runs
+have the same KV budget: only the weights differ.
+
 Note [fixed total budget]: on a GPU vLLM gives the KV cache what
 ``gpu_memory_utilization`` leaves after weights and activations; on CPU the
 KV budget is set directly. To measure what a fixed total does with the freed
@@ -33,15 +39,27 @@ from vramgate.models.config import read_config
 from vramgate.profiles import CheckpointFormat, Profile
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.testing.claims import check_claims
-from vramgate.testing.engines import Engine, small_run_spec
+from vramgate.testing.engines import Engine, small_run_block_size, small_run_spec
 
-#: The model every checkpoint and run of the suite is of.
+#: The model of the suite's byte, capacity, latency and kernel checks (random weights, or dummy ones in bf16).
 MODEL = "tiny-llama"
 #: Seed of the generated weights.
 SEED = 0
 #: The reference (unquantized) checkpoint: ``bf16``, stored as the model's dtype.
 REFERENCE = CheckpointFormat("bf16", 128)
+#: The model the accuracy runs quantize: weights that answer the recall task, tiny-llama's KV shape (1 KiB/token).
+RECALL_MODEL = "recall-llama"
 _KERNEL_LINE = re.compile(r"Using (\w+) for (\w+)")
+
+
+def accuracy_reference_spec() -> EngineSpec:
+    """The bf16 accuracy run (one per session for every profile): :data:`RECALL_MODEL`, 16 recall prompts of 16 to
+    1,000 tokens (one period each: the answer copies the prompt from its start, up to 1,000 positions back), 32 to 64
+    tokens generated, seeded; 0.25 GiB of KV, so nothing waits or is preempted; the block size of the suite's other
+    runs (the same KV shape)."""
+    return EngineSpec(model=RECALL_MODEL, workload="uniform", requests=16, seed=0,
+                      workload_params={"prompt": [16, 1000], "output": [32, 64]},
+                      block_size=small_run_block_size(MODEL), max_model_len=1088, kv_budget_gib=0.25)
 
 
 def linear_kernel_problem(device: str) -> str | None:
@@ -76,9 +94,11 @@ def checkpoint_of(profile: Profile | None) -> CheckpointFormat:
 
 
 class Checkpoints:
-    """Checkpoints of :data:`MODEL` written once per session into *folder* (never fetched)."""
+    """Checkpoints of :data:`MODEL` (and of :data:`RECALL_MODEL`: :meth:`recall`) written once per session into
+    *folder* (never fetched)."""
 
     def __init__(self, root: Path, folder: Path) -> None:
+        self.root = root
         self.folder = folder
         self.config: dict[str, Any] = read_config(root / "fixtures" / "models" / MODEL / "config.json")
         self._made: dict[tuple[str, int], Checkpoint] = {}
@@ -101,13 +121,30 @@ class Checkpoints:
         ck = checkpoint_of(profile)
         return self.get(ck.format, ck.group_size)
 
+    def recall(self, scheme: str, group_size: int = 128) -> Checkpoint:
+        """:data:`RECALL_MODEL` quantized in *scheme* (``awq``, ``gptq``, ``w4a16``) at *group_size*, with its
+        ``recall.json`` (Note [quantized recall] in :mod:`vramgate.models.checkpoints`); written once per session."""
+        from vramgate.models.checkpoints import write_recall_checkpoint
+
+        key = (f"{RECALL_MODEL}-{scheme}", group_size)
+        if scheme == "w4a16":
+            pytest.importorskip("compressed_tensors", reason="W4A16 checkpoints are written by compressed-tensors")
+        if key not in self._made:
+            where = f"fixtures/models/{RECALL_MODEL}"
+            self._made[key] = write_recall_checkpoint(self.root / where, scheme,
+                                                      self.folder / f"{RECALL_MODEL}-{scheme}-g{group_size}",
+                                                      group_size=group_size, where=where)
+        return self._made[key]
+
 
 class QuantRuns:
-    """The bf16 reference run and each quantization profile's run under the same total memory budget."""
+    """The bf16 reference run and each quantization profile's run under the same total memory budget; the recall
+    model's accuracy runs (:meth:`accuracy_run`)."""
 
     def __init__(self, engine: Engine, checkpoints: Checkpoints) -> None:
         self.engine, self.checkpoints = engine, checkpoints
         self.reference = small_run_spec(MODEL)
+        self.accuracy_reference = accuracy_reference_spec()
 
     @property
     def kv_budget(self) -> int:
@@ -135,11 +172,36 @@ class QuantRuns:
 
         A profile whose kernels this machine's vLLM lacks skips before its checkpoint is written (the engine
         would refuse it with the same reason after)."""
+        self._skip_unrunnable(profile)
+        return self.engine.run(self.spec(profile))
+
+    def _skip_unrunnable(self, profile: Profile | None) -> None:
+        """Skip the test where this machine's vLLM lacks *profile*'s kernels."""
         if profile is not None:
             problem = kernel_problem(self.reference.replace(engine_args=dict(profile.engine_args)))
             if problem:
                 pytest.skip(f"not on this machine: {problem}")
-        return self.engine.run(self.spec(profile))
+
+    def four_bit_problem(self) -> str | None:
+        """Why this machine's vLLM runs no 4-bit checkpoint (every format takes one 4-bit linear kernel on CPU,
+        ``CPUWNA16LinearKernel``), or None."""
+        return kernel_problem(self.reference.replace(engine_args={"quantization": "awq"}))
+
+    def accuracy_spec(self, profile: Profile | None) -> EngineSpec:
+        """The engine spec of a profile's accuracy run: the bf16 one's, loading :data:`RECALL_MODEL` quantized as
+        the profile's checkpoint (engine argument ``model`` = the folder, as :meth:`spec`); ``None``: the bf16 one."""
+        if profile is None:
+            return self.accuracy_reference
+        ck = checkpoint_of(profile)
+        folder = self.checkpoints.recall(ck.format, ck.group_size).path
+        return self.accuracy_reference.replace(profile=profile.name,
+                                               engine_args={"model": str(folder), "load_format": "safetensors"})
+
+    def accuracy_run(self, profile: Profile | None) -> EngineResult:
+        """The recall model's run with *profile*'s checkpoint, or in bf16 for ``None`` (each once per session); a
+        profile whose kernels this machine's vLLM lacks skips before its checkpoint is written."""
+        self._skip_unrunnable(profile)
+        return self.engine.run(self.accuracy_spec(profile))
 
     @staticmethod
     def kernels(result: EngineResult) -> dict[str, str]:
