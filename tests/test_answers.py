@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
+from test_engine import FAKE_RESULT
 from vramgate.core.answers import (
     DEFAULT_MAX_ACCURACY_DROP,
     TOP_K,
@@ -151,14 +151,6 @@ def test_outputs_round_trip_through_json() -> None:
 
 # -- engine results ------------------------------------------------------------------------------------------------
 
-FAKE_RESULT: dict[str, Any] = {
-    "schema": 1, "spec": {}, "versions": {}, "device": "cpu", "timing": {},
-    "kv": {"block_size": 16, "num_gpu_blocks": 9, "usable_blocks": 8, "capacity_tokens": 128, "num_layers": 2,
-           "page_bytes": 8192, "bytes_per_token": 1024},
-    "memory": {"peak_rss_bytes": 1, "weights_bytes": 2, "parameter_bytes": 2, "kv_tensor_bytes": 3},
-    "scheduler": {"steps": 4, "peak_blocks_in_use": 5, "preemptions": 0, "recomputed_tokens": 0},
-    "latency": {"ttft_s": [0.1], "tpot_s": [0.01], "e2e_s": [0.2], "output_lens": [8]},
-}
 
 
 def result(outs: Outputs | None = None) -> EngineResult:
