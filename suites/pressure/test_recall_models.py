@@ -30,7 +30,7 @@ def test_recall_model_answers_every_prompt(gate: Gate, project_root: Path, tmp_p
     gate.record("committed_accuracy", check.committed_accuracy, unit="ratio", better="higher", history=False)
     gate.record("committed_min_margin", round(check.committed_margin, 2), unit="logits", better="higher",
                 history=False)
-    gate.record("remade_identical", int(check.remade_identical), unit="bool", history=False)
+    gate.record("remade_identical", int(check.remade_identical), unit="count", history=False)
     assert check.committed_accuracy == 1.0 and check.committed_margin >= check.min_margin, (
         f"{folder}: the committed weights answer {check.committed_accuracy:.1%} with a smallest margin of "
         f"{check.committed_margin:.2f} logits")

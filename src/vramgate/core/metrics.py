@@ -128,6 +128,7 @@ UNITS: dict[str, Unit] = {
         Unit("s", "seconds (shown as ns, µs, ms, s)", _fmt_seconds),
         Unit("ratio", "a dimensionless fraction (shown also as %)", _fmt_ratio),
         Unit("count", "a count of things", _fmt_plain("")),
+        Unit("logits", "a difference of logits (an answer's margin over the runner-up)", _fmt_plain("logits")),
         Unit("tokens", "tokens", _fmt_plain("tokens")),
         Unit("blocks", "KV cache blocks", _fmt_plain("blocks")),
         Unit("requests", "requests", _fmt_plain("requests")),
