@@ -164,16 +164,16 @@ def test_engine_result_round_trip_with_and_without_outputs() -> None:
     plain = result()
     assert plain.outputs is None and "outputs" not in plain.to_json()  # dummy weights: no outputs section at all
     assert EngineResult.from_json(json.loads(json.dumps(plain.to_json()))) == plain
-    trained = result(REFERENCE)
-    assert trained.outputs == REFERENCE
-    data = json.loads(json.dumps(trained.to_json()))
+    answering = result(REFERENCE)
+    assert answering.outputs == REFERENCE
+    data = json.loads(json.dumps(answering.to_json()))
     assert data["outputs"]["requests"][1]["token_ids"] == [20, 21, 22]
-    assert EngineResult.from_json(data) == trained
+    assert EngineResult.from_json(data) == answering
     with pytest.raises(TypeError, match=r"result: outputs: missing field\(s\) requests"):
         EngineResult.from_json({**FAKE_RESULT, "outputs": {}})
 
 
-def test_requests_of_a_trained_model_are_the_tasks_prompts_with_the_workloads_lengths() -> None:
+def test_requests_of_a_recall_model_are_the_tasks_prompts_with_the_workloads_lengths() -> None:
     from vramgate.engine import EngineSpec
     from vramgate.engine.measure import outputs_of, requests_of
     from vramgate.workloads import build
@@ -201,7 +201,7 @@ def test_requests_of_a_trained_model_are_the_tasks_prompts_with_the_workloads_le
     assert outs.prompts_sha256 == prompts_digest([p["prompt_token_ids"] for p in task_prompts])
 
 
-def test_only_a_trained_model_loaded_with_its_weights_answers(tmp_path: Path) -> None:
+def test_only_a_recall_model_loaded_with_its_weights_answers(tmp_path: Path) -> None:
     from vramgate.engine.worker import answers_wanted
 
     assert not answers_wanted({"model": str(tmp_path), "load_format": "safetensors"})  # no recall.json

@@ -95,7 +95,7 @@ def test_the_plants_fail_on_their_outputs_and_pass_on_their_cost(vllm_env: Path,
     out = result.stdout.str()
     outcomes = result.parseoutcomes()
     if outcomes.get("passed") == 1 + len(PLANTS) and "not judged" in out:
-        pytest.fail("test_engine_pressure judged no outputs (its engine runs a model without trained weights), so "
+        pytest.fail("test_engine_pressure judged no outputs (its engine runs a model on dummy weights), so "
                     f"nothing could catch the plants:\n{out[-3000:]}")
     result.assert_outcomes(passed=1, failed=len(PLANTS))
     cases = _cases(project.path / "junit.xml")
