@@ -57,7 +57,8 @@ def check_answers(gate: Gate, profile: Profile, candidate: EngineResult, referen
                     better="higher", history=False)
     held, check = expectation.judge(comparison, labels)
     gate.claim(statement, held=held, source=source,
-               evidence=f"{check}; {comparison.tokens_line()}; {comparison.accuracy_line(labels)} "
+               evidence=f"{check}{'' if comparison.tokens_line() in check else '; ' + comparison.tokens_line()}; "
+                        f"{comparison.accuracy_line(labels)} "
                         f"({expectation.describe()}, {expectation.origin or 'the manifest'}){where}")
     if not held:
         pytest.fail(failure_message(profile, comparison, check, labels, context), pytrace=False)
