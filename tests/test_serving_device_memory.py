@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from vramgate.core.checks import check_budget
-from vramgate.engine import EngineSpec, load
+from vramgate.engine import EngineSpec, leak, load
 from vramgate.engine import server as server_module
-from vramgate.engine.load import DeviceMemorySample, LoadRun, device_memory_slope, run_loads
+from vramgate.engine.leak import DeviceMemorySample, device_memory_slope
+from vramgate.engine.load import LoadRun, run_loads
 from vramgate.engine.server import ApiServer
 from vramgate.machine.probes.cpu import children
 from vramgate.matrix import ServingLoad
@@ -164,8 +165,9 @@ class _Pool:
     def get(self, spec: EngineSpec) -> ApiServer:
         return self.server
 
-    def loads(self, server: ApiServer, loads: list[load.Load], run_dir: Path) -> LoadRun:
-        self.runs.append(run_loads(server, loads, run_dir))
+    def loads(self, server: ApiServer, loads: list[load.Load], run_dir: Path, *,
+              warmup: leak.WarmUp | None = None) -> LoadRun:
+        self.runs.append(run_loads(server, loads, run_dir, warmup=warmup))
         return self.runs[-1]
 
 
@@ -241,7 +243,7 @@ def test_where_nvml_names_none_of_the_servers_pids_the_device_total_is_fitted_an
     device = gate.metrics["device_memory_slope"]
     assert device.value == pytest.approx(LEAK_PER_REQUEST * 1000, rel=0.1)
     assert "above its ceiling" in (check_budget(device) or "")
-    assert gate.conditions == [{"device_memory_slope": "device total"}]
+    assert gate.conditions[-1] == {"device_memory_slope": "device total"}
 
 
 @pytest.mark.parametrize(("tier", "nvml"), [("cpu", True), ("gpu", False)], ids=["cpu-tier", "no-nvml"])
@@ -255,10 +257,10 @@ def test_without_device_samples_no_device_slope_is_recorded(
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(gpus, tmp_path / "completed") if nvml else None)
     monkeypatch.setattr(server_module, "engine_tier", lambda: tier)
     gate, run = _memory_test(suite, server, tmp_path)
-    assert run.device_memory == [[]] and not gate.conditions
-    assert set(gate.metrics) == {"memory_slope", "server_rss_bytes"}
+    assert run.device_memory == [[]] and [set(c) for c in gate.conditions] == [{"warm_up", "warm_up_requests"}]
+    assert set(gate.metrics) == {"memory_slope", "memory_slope_per_token", "server_rss_bytes"}
     assert gate.metrics["memory_slope"].value == round(
-        load.memory_slope(run.memory[0], run.results[0][-1].completions_s).bytes_per_1k_requests)
+        leak.memory_slope(run.memory[0], run.results[0][-1].completions, run.measured_from(0)).per_1k)
 
 
 def _device(points: list[tuple[float, int | None, int]]) -> list[DeviceMemorySample]:
@@ -266,23 +268,23 @@ def _device(points: list[tuple[float, int | None, int]]) -> list[DeviceMemorySam
 
 
 def test_the_device_slope_is_the_resident_slopes_fit_and_never_mixes_its_sources() -> None:
-    done = [float(t) + 0.5 for t in range(100)]
+    done = [(float(t) + 0.5, 32) for t in range(100)]
     figures = [3e9 + (t ** 0.5 * 1e8 if t < 10 else 0) + 1e6 * t for t in range(100)]
-    rss = load.memory_slope([load.MemorySample(float(t), int(b)) for t, b in enumerate(figures)], done)
-    own = device_memory_slope(_device([(float(t), int(b), 9 << 30) for t, b in enumerate(figures)]), done)
-    assert own.source == load.FROM_PROCESSES and rss.source == load.FROM_RSS
-    assert (own.bytes_per_1k_requests, own.samples, own.requests, own.start_bytes, own.end_bytes) == \
-        (rss.bytes_per_1k_requests, rss.samples, rss.requests, rss.start_bytes, rss.end_bytes)
-    # one steady sample without the server's pids: the whole slope is the devices' total's
+    rss = leak.memory_slope([leak.MemorySample(float(t), int(b)) for t, b in enumerate(figures)], done, 10.0)
+    own = device_memory_slope(_device([(float(t), int(b), 9 << 30) for t, b in enumerate(figures)]), done, 10.0)
+    assert own.source == leak.FROM_PROCESSES and rss.source == leak.FROM_RSS
+    assert (own.per_1k, own.samples, own.requests, own.start_bytes, own.end_bytes) == \
+        (rss.per_1k, rss.samples, rss.requests, rss.start_bytes, rss.end_bytes)
+    # one measured sample without the server's pids: the whole slope is the devices' total's
     mixed = device_memory_slope(_device([(float(t), None if t == 60 else int(b), (8 << 30) + 2_000_000 * t)
-                                         for t, b in enumerate(figures)]), done)
-    assert mixed.source == load.FROM_DEVICE_TOTAL and mixed.bytes_per_1k_requests == pytest.approx(2e9, rel=1e-6)
-    # before the steady part it does not matter
+                                         for t, b in enumerate(figures)]), done, 10.0)
+    assert mixed.source == leak.FROM_DEVICE_TOTAL and mixed.per_1k == pytest.approx(2e9, rel=1e-6)
+    # before the measured part it does not matter
     early = device_memory_slope(_device([(float(t), None if t < 10 else int(b), 8 << 30)
-                                         for t, b in enumerate(figures)]), done)
-    assert early.source == load.FROM_PROCESSES and early.bytes_per_1k_requests == pytest.approx(1e9, rel=1e-6)
+                                         for t, b in enumerate(figures)]), done, 10.0)
+    assert early.source == leak.FROM_PROCESSES and early.per_1k == pytest.approx(1e9, rel=1e-6)
     with pytest.raises(ValueError, match="at least 8 completed requests"):
-        device_memory_slope(_device([(0.0, 1, 1)]), done[:5])
+        device_memory_slope(_device([(0.0, 1, 1)]), done[:5], 0.0)
 
 
 @pytest.mark.parametrize("text", ["<= 64 MiB", "<= 64 MiB per 1000 requests"])

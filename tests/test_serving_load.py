@@ -21,7 +21,8 @@ import pytest
 
 from vramgate.engine import EngineSpec
 from vramgate.engine.api_server import serve_argv
-from vramgate.engine.load import Load, LoadResult, MemorySample, client_argv, memory_slope, write_timed_trace
+from vramgate.engine.leak import MemorySample, WarmUp, chunk_level, memory_slope
+from vramgate.engine.load import Load, LoadResult, client_argv, write_timed_trace
 from vramgate.engine.paired_load import PairedBursts, PairedLoadSettings
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.machine.probes.cpu import group_members
@@ -134,18 +135,37 @@ def _samples(rss: list[float]) -> list[MemorySample]:
     return [MemorySample(float(t), int(b)) for t, b in enumerate(rss)]
 
 
-def test_the_memory_slope_is_bytes_per_thousand_requests_over_the_steady_part() -> None:
-    done = [float(t) + 0.5 for t in range(100)]  # a request completes every second
+def test_the_memory_slope_is_bytes_per_thousand_requests_or_tokens_over_the_measured_part() -> None:
+    """A request of 32 tokens completes every second; the warm-up (before the measured part starts at 10 s) is
+    kept for the picture and not fitted."""
+    done = [(float(t) + 0.5, 32) for t in range(100)]
     leak = _samples([3e9 + (t ** 0.5 * 1e8 if t < 10 else 0) + 1e6 * t for t in range(100)])
-    slope = memory_slope(leak, done)
-    assert slope.bytes_per_1k_requests == pytest.approx(1e9, rel=1e-6)  # 1 MB per request, after the warm-up
-    assert slope.requests > 60
+    slope = memory_slope(leak, done, 10.0)
+    assert slope.per_1k == pytest.approx(1e9, rel=1e-6)  # 1 MB per request, after the warm-up
+    assert slope.requests == 89 and slope.samples == 90 and len(slope.fit.warmup) == 10
+    assert memory_slope(leak, done, 10.0, per="token").per_1k == pytest.approx(1e9 / 32, rel=1e-6)
     flat = _samples([3e9 + (4096 if t % 2 else 0) for t in range(100)])
-    assert abs(memory_slope(flat, done).bytes_per_1k_requests) < 1e6
+    assert abs(memory_slope(flat, done, 10.0).per_1k) < 1e6
     with pytest.raises(ValueError, match="at least 8 completed requests"):
-        memory_slope(flat, done[:5])
-    with pytest.raises(ValueError, match="too short"):
-        memory_slope(flat[:3], done)
+        memory_slope(flat, done[:5], 0.0)
+    with pytest.raises(ValueError, match="at least 16 samples"):
+        memory_slope(flat[:3], done, 0.0)
+
+
+def test_the_warm_up_settles_when_a_chunk_rises_by_little() -> None:
+    warmup = WarmUp(chunk=40, least=2, most=6, growth_per_request=16 * 1024)
+    mib = float(1 << 20)
+    assert not warmup.settled([100 * mib])  # fewer than least
+    assert not warmup.settled([100 * mib, 140 * mib])  # 1 MiB per request
+    assert warmup.settled([100 * mib, 100.5 * mib])  # 12.8 KiB per request
+    assert warmup.settled([100 * mib, 140 * mib, 140.2 * mib, 140 * mib][:3])
+    assert "settled after 3 chunks of 40 requests" in warmup.describe([100 * mib, 140 * mib, 140.2 * mib])
+    assert "had not settled after 2" in warmup.describe([100 * mib, 140 * mib])
+    with pytest.raises(ValueError, match="not a warm-up"):
+        WarmUp(least=3, most=2)
+    samples = _samples([1e9, 2e9, 3e9, 5e9, 4e9])
+    assert chunk_level(samples, 0.0, 4.0) == 4e9  # the median of the second half: 3, 5 and 4 GB
+    assert chunk_level(samples, 10.0, 12.0) is None
 
 
 def _bursts(ref: list[float], cand: list[float]) -> PairedBursts:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vramgate.core.kinds import kind_rule
+from vramgate.core.leak import POWER, SLOPE_SCALE
 from vramgate.core.metrics import Metric, Paired, format_change, relative_change
 from vramgate.core.provenance import Provenance
 from vramgate.core.stats import DEFAULT_ALPHA, DETECTION_POWER, compare_pairs, detectable_pair_shift
@@ -57,6 +58,13 @@ def check_budget(metric: Metric) -> str | None:
             return (f"the candidate is worse than its reference in this run: median ratio {1 + result.change:.4g} "
                     f"({format_change(result.change)}; tolerance {pair.tolerance:.1%}, signed-rank one-sided "
                     f"p = {result.p_worse:.2g})")
+    if metric.fit is not None and metric.ceiling is not None:  # Note [leak fit] in vramgate.core.leak
+        fit, allowance = metric.fit, metric.ceiling / SLOPE_SCALE
+        if fit.shows_leak(allowance):
+            return (f"{metric.show()}: its {1 - fit.alpha:.1%} lower bound {metric.show(fit.lower * SLOPE_SCALE)} "
+                    f"is above its ceiling {metric.show(metric.ceiling)} (this run shows a slope of "
+                    f"{metric.show(fit.floor(allowance) * SLOPE_SCALE)} or more with {POWER:.0%} detection)")
+        return None
     if metric.ceiling is not None and metric.value > metric.ceiling:
         over = format_change(relative_change(metric.value, metric.ceiling))
         return f"{metric.show()} is above its ceiling {metric.show(metric.ceiling)} ({over})"
@@ -64,6 +72,20 @@ def check_budget(metric: Metric) -> str | None:
         under = format_change(relative_change(metric.value, metric.floor))
         return f"{metric.show()} is below its floor {metric.show(metric.floor)} ({under})"
     return None
+
+
+def leak_detail(metric: Metric) -> str:
+    """How a memory slope's verdict was decided (Note [leak fit] in :mod:`vramgate.core.leak`): its bound, and the
+    floor of the run beside its ceiling; empty for a metric without a fit."""
+    fit = metric.fit
+    if fit is None:
+        return ""
+    line = (f"slope {metric.show()} ± {metric.show(fit.stderr * SLOPE_SCALE)} over {fit.span:,.0f} {fit.per}s "
+            f"({len(fit.levels)} levels); {1 - fit.alpha:.1%} lower bound {metric.show(fit.lower * SLOPE_SCALE)}")
+    if metric.ceiling is None:
+        return line
+    floor = fit.floor(metric.ceiling / SLOPE_SCALE) * SLOPE_SCALE
+    return f"{line}; ceiling {metric.show(metric.ceiling)}; this run's floor {metric.show(floor)}"
 
 
 #: How the noise guard's verdict begins (Note [noise guard] in :mod:`vramgate.core.stats`).

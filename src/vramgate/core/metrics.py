@@ -46,6 +46,7 @@ from typing import Any
 
 from vramgate.core.kinds import Scope as Scope
 from vramgate.core.kinds import kind_names, kind_rule
+from vramgate.core.leak import LeakFit
 
 # Re-exported (their home is vramgate.core.numbers): every layer has read them from here.
 from vramgate.core.numbers import Better as Better
@@ -139,6 +140,8 @@ UNITS: dict[str, Unit] = {
         Unit("B/token", "bytes per token", lambda v: _fmt_bytes(v) + "/token"),
         Unit("B/1k requests", "memory growth: bytes per 1,000 requests served",
              lambda v: _fmt_bytes(v) + " per 1k requests"),
+        Unit("B/1k tokens", "memory growth: bytes per 1,000 output tokens generated",
+             lambda v: _fmt_bytes(v) + " per 1k tokens"),
     )
 }
 
@@ -216,6 +219,9 @@ class Metric:
     samples: list[float] = field(default_factory=list)
     paired: Paired | None = None
     """For a ratio from paired runs: both sides' samples, checked against each other in the same session."""
+    fit: LeakFit | None = None
+    """For a memory slope (per 1,000 requests or tokens): the fit behind it, whose lower confidence bound, not the
+    slope itself, is held to the ceiling (Note [leak fit] in :mod:`vramgate.core.leak`)."""
     scope: Scope | None = None
     """``portable`` or ``machine``; None takes the kind's default (see Note [metric scope])."""
     history: bool = True
@@ -278,6 +284,8 @@ class Metric:
             out["floor"] = self.floor
         if self.samples:
             out["samples"] = list(self.samples)
+        if self.fit is not None:
+            out["fit"] = self.fit.to_json()
         if not self.history:  # a report's figure only: a baseline never holds one (Note [budget-only figures])
             out["history"] = False
         return out

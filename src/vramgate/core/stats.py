@@ -145,7 +145,7 @@ def compare_samples(
 DETECTION_POWER = 0.5
 
 
-def _normal_quantile(p: float) -> float:
+def normal_quantile(p: float) -> float:
     """The standard normal quantile (the standard library's, ``statistics.NormalDist``)."""
     return NormalDist().inv_cdf(p)
 
@@ -250,5 +250,5 @@ def detectable_pair_shift(reference: Sequence[float], candidate: Sequence[float]
     if len(reference) != len(candidate) or len(reference) < 2:
         raise ValueError("a detectable shift needs at least 2 pairs")
     s = robust_log_spread([y / x for x, y in zip(reference, candidate, strict=True)])
-    z = _normal_quantile(1 - alpha) + _normal_quantile(power)
+    z = normal_quantile(1 - alpha) + normal_quantile(power)
     return math.exp(z * s / math.sqrt(len(reference)) / math.sqrt(3 / math.pi)) - 1

@@ -4,35 +4,17 @@
 :func:`run_loads` runs a list of them, in one client process (:mod:`vramgate.engine.load_client`), against one
 :class:`~vramgate.engine.server.ApiServer`, while a thread samples the server's memory; :class:`LoadResult` holds
 the client's figures (its percentiles, throughput, goodput, failures, and per request: TTFT, TPOT, E2E, start),
-read from the result the client's ``main`` returned. :func:`memory_slope` turns
-the memory samples into bytes per 1,000 requests over the steady part of a load (Note [memory slope]), and
-:func:`device_memory_slope` the device memory samples a server on the GPU tier also gives (Note [device memory
-slope]).
-
-Note [memory slope]: a leak keeps memory per request (or per engine step) alive, so the server's resident
-memory grows with the requests it has served. The slope is fitted (least squares) to the resident memory of the
-server's whole process tree, sampled every :data:`SAMPLE_EVERY_S`, against the number of requests completed at
-each sample, over the steady part of the load: after the first :data:`STEADY_AFTER` of its requests (the
-allocator's first growth, the first batches' buffers), up to the last completion. It is reported per 1,000
-requests, so that it reads the same at any request rate.
-
-Note [device memory slope]: on a GPU the server keeps its tensors in device memory, which its resident memory
-does not show: a leak of device memory leaves the resident slope flat. So on the GPU tier the same thread also
-reads NVML at each sample (:class:`~vramgate.machine.probes.nvml.TreeDeviceReader`, on the devices the server's
-``CUDA_VISIBLE_DEVICES`` shows, as many as its tensor-parallel size): the usage NVML reports for the pids of the
-server's process tree, and the devices' whole used memory. The device slope is the same fit (:func:`_fit`), to the
-tree's usage where NVML named some of its pids at every sample of the steady part (source
-:data:`FROM_PROCESSES`), else to the devices' total (:data:`FROM_DEVICE_TOTAL`): NVML reports host pids, so in a
-container with its own pid namespace it names none of the server's, and the devices' total is what is left.
-That total counts every other process on the devices too (another server of the session on the same GPU moves
-it); the slope's ``source`` says which was fitted, and one slope never mixes the two. On the CPU tier, or where
-NVML cannot be read, no device sample is taken and nothing else changes.
+read from the result the client's ``main`` returned. A load may begin with a warm-up that runs until the
+server's memory has settled (:class:`~vramgate.engine.leak.WarmUp`, Note [settled warm-up] in
+:mod:`vramgate.engine.leak`, which also fits the memory samples).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -40,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramgate.engine.leak import DeviceMemorySample, MemorySample, WarmUp, chunk_level
 from vramgate.engine.runner import engine_process_env
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.machine.probes.nvml import TreeDeviceReader
@@ -49,13 +32,6 @@ from vramgate.runtime.exits import describe_exit
 
 #: Seconds between two samples of a server's memory during a load.
 SAMPLE_EVERY_S = 0.2
-#: The share of a load's requests before its steady part (Note [memory slope]).
-STEADY_AFTER = 0.25
-#: What a :class:`Slope` was fitted to: the server's resident memory (Note [memory slope]), NVML's usage of the
-#: server's processes, or the devices' whole used memory (Note [device memory slope]).
-FROM_RSS = "rss"
-FROM_PROCESSES = "processes"
-FROM_DEVICE_TOTAL = "device total"
 #: The per-request latencies a result keeps, and the client's names for them.
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 #: The percentiles the client reports (``--metric-percentiles``).
@@ -152,6 +128,8 @@ class LoadResult:
     e2el_s: list[float]
     start_s: list[float]
     """Each successful request's start, on the monotonic clock the gate's memory samples use."""
+    output_lens: list[int]
+    """Each successful request's output tokens."""
     errors: list[str]
     t_start: float
     t_end: float
@@ -160,6 +138,11 @@ class LoadResult:
     def completions_s(self) -> list[float]:
         """When each successful request ended (monotonic clock), in order."""
         return sorted(s + e for s, e in zip(self.start_s, self.e2el_s, strict=True))
+
+    @property
+    def completions(self) -> list[tuple[float, int]]:
+        """When each successful request ended (monotonic clock) and its output tokens, in order."""
+        return sorted((s + e, n) for s, e, n in zip(self.start_s, self.e2el_s, self.output_lens, strict=True))
 
     def median(self, latency: str) -> float:
         """The client's median *latency* (``ttft``, ``tpot``, ``itl``, ``e2el``) in s."""
@@ -187,94 +170,12 @@ class LoadResult:
                 duration_s=float(data["duration"]), request_throughput=throughput,
                 output_throughput=float(data["output_throughput"]),
                 goodput=None if goodput is None or not throughput else min(1.0, float(goodput) / throughput),
-                percentiles=pct, ttft_s=ttfts, tpot_s=tpot, e2el_s=e2el, start_s=starts, errors=errors,
+                percentiles=pct, ttft_s=ttfts, tpot_s=tpot, e2el_s=e2el, start_s=starts, output_lens=outs,
+                errors=errors,
                 t_start=float(data["vramgate_t_start"]), t_end=float(data["vramgate_t_end"]),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ServerError(f"{where}: not a result of vLLM's benchmark client ({exc!r})") from None
-
-
-@dataclass(frozen=True)
-class MemorySample:
-    """The server's resident memory (its whole process tree) at a moment of the monotonic clock."""
-
-    t: float
-    rss_bytes: int
-
-
-@dataclass(frozen=True)
-class DeviceMemorySample:
-    """The server's device memory at a moment of the monotonic clock (Note [device memory slope])."""
-
-    t: float
-    tree_bytes: int | None
-    """NVML's usage of the server's process tree on its devices; None when NVML named none of its pids."""
-    device_bytes: int
-    """The whole used memory of the server's devices."""
-
-
-@dataclass(frozen=True)
-class Slope:
-    """A fitted memory slope (Note [memory slope])."""
-
-    bytes_per_1k_requests: float
-    samples: int
-    requests: int
-    """Requests completed over the steady part."""
-    start_bytes: int
-    end_bytes: int
-    source: str = FROM_RSS
-    """What was fitted: :data:`FROM_RSS`, :data:`FROM_PROCESSES` or :data:`FROM_DEVICE_TOTAL`."""
-
-
-def memory_slope(samples: Sequence[MemorySample], completions_s: Sequence[float],
-                 steady_after: float = STEADY_AFTER) -> Slope:
-    """The least-squares slope of resident memory against requests completed, per 1,000 requests, over the
-    steady part of a load (Note [memory slope]); ValueError when that part is too short to fit."""
-    return _fit([(s.t, s.rss_bytes) for s in samples], completions_s, steady_after, FROM_RSS)
-
-
-def device_memory_slope(samples: Sequence[DeviceMemorySample], completions_s: Sequence[float],
-                        steady_after: float = STEADY_AFTER) -> Slope:
-    """The slope of the server's device memory, fitted as :func:`memory_slope`'s: to its processes' usage where
-    NVML named them at every sample of the steady part, else to its devices' whole used memory; the slope's
-    ``source`` says which (Note [device memory slope]). ValueError as :func:`memory_slope`'s."""
-    first, last = _steady_span(sorted(completions_s), steady_after)
-    steady = [s for s in samples if first <= s.t <= last]
-    if steady and all(s.tree_bytes is not None for s in steady):
-        own = [(s.t, s.tree_bytes) for s in samples if s.tree_bytes is not None]
-        return _fit(own, completions_s, steady_after, FROM_PROCESSES)
-    return _fit([(s.t, s.device_bytes) for s in samples], completions_s, steady_after, FROM_DEVICE_TOTAL)
-
-
-def _steady_span(done: Sequence[float], steady_after: float) -> tuple[float, float]:
-    """The steady part of a load whose requests completed at *done* (sorted), as its first and last moment
-    (Note [memory slope]); ValueError when too few requests completed."""
-    if len(done) < 8:
-        raise ValueError(f"a memory slope needs at least 8 completed requests, got {len(done)}")
-    return done[int(len(done) * steady_after)], done[-1]
-
-
-def _fit(samples: Sequence[tuple[float, int]], completions_s: Sequence[float], steady_after: float,
-         source: str) -> Slope:
-    """The least-squares slope of the bytes of *samples* (moment, bytes) against requests completed, per 1,000
-    requests, over the steady part of a load (Note [memory slope])."""
-    done = sorted(completions_s)
-    first, last = _steady_span(done, steady_after)
-    steady = [s for s in samples if first <= s[0] <= last]
-    if len(steady) < 5:
-        raise ValueError(f"a memory slope needs at least 5 memory samples in the steady part of the load, got "
-                         f"{len(steady)} (sampled every {SAMPLE_EVERY_S:g} s): the load is too short")
-    import bisect
-
-    xs = [float(bisect.bisect_right(done, t)) for t, _ in steady]
-    ys = [float(b) for _, b in steady]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        raise ValueError("no request completed during the steady part of the load: no slope to fit")
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return Slope(slope * 1000.0, len(steady), int(xs[-1] - xs[0]), steady[0][1], steady[-1][1], source)
 
 
 class _Sampler:
@@ -323,6 +224,23 @@ class LoadRun:
     memory: list[list[MemorySample]]
     device_memory: list[list[DeviceMemorySample]] = field(default_factory=list)
     """Each server's device memory samples (Note [device memory slope]); empty lists on the CPU tier."""
+    warmups: list[list[LoadResult]] = field(default_factory=list)
+    """Each server's warm-up chunks that ran (Note [settled warm-up]); empty lists without a warm-up."""
+    warmup_levels: list[list[float]] = field(default_factory=list)
+    """Each server's level after each of its warm-up chunks (Note [settled warm-up])."""
+    warmup: WarmUp | None = None
+    """The warm-up the servers ran, if any."""
+
+    def warmup_note(self, server: int = 0) -> dict[str, Any]:
+        """How *server*'s warm-up went, for a test's conditions: a line, and the requests it took."""
+        if self.warmup is None:
+            return {"warm_up": "none"}
+        return {"warm_up": self.warmup.describe(self.warmup_levels[server]),
+                "warm_up_requests": sum(r.completed for r in self.warmups[server])}
+
+    def measured_from(self, server: int = 0) -> float:
+        """When *server*'s first load after its warm-up began (monotonic clock)."""
+        return self.results[server][0].t_start
 
 
 #: Seconds the client gets per request of a plan, on top of a fixed allowance (its import, its warm-up).
@@ -330,21 +248,45 @@ CLIENT_S_PER_REQUEST = 5.0
 CLIENT_BASE_S = 300.0
 
 
-def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], run_dir: Path) -> LoadRun:
-    """Run *items* (server index, load, label) in one client process, sampling every server's memory."""
+def _warmup_items(items: list[tuple[int, Load, str]], servers: int, warmup: WarmUp) -> list[tuple[int, Load, str]]:
+    """The chunks of *warmup* for each of *servers* (in turn, round by round), shaped as each one's first load."""
+    first = {i: load for i, load, _ in reversed(items)}
+    return [(i, dataclasses.replace(first[i], num_prompts=warmup.chunk, seed=first[i].seed + 7919 * (k + 1)),
+             f"warmup-{k}-{i}") for k in range(warmup.most) for i in range(servers) if i in first]
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], run_dir: Path, *,
+             warmup: WarmUp | None = None) -> LoadRun:
+    """Run *items* (server index, load, label) in one client process, sampling every server's memory; with
+    *warmup*, each server first warms up until its memory settles (Note [settled warm-up] in
+    :mod:`vramgate.engine.leak`), the servers' chunks in turn."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in run_dir.glob("load-*.json"):
+    for stale in [*run_dir.glob("load-*.json"), *run_dir.glob("go-*.json")]:
         stale.unlink()
-    paths = [run_dir / f"load-{n:03d}.json" for n in range(len(items))]
-    plan = [{"argv": client_argv(load, servers[i], label=label), "result": str(path)}
-            for (i, load, label), path in zip(items, paths, strict=True)]
+    chunks = _warmup_items(items, len(servers), warmup) if warmup else []
+    everything = chunks + items
+    paths = [run_dir / f"load-{n:03d}.json" for n in range(len(everything))]
+    conditional = {n for n in range(len(chunks)) if warmup and n >= warmup.least * len(set(i for i, _, _ in items))}
+    plan = [{"argv": client_argv(load, servers[i], label=label), "result": str(path),
+             **({"wait": str(run_dir / f"go-{n:03d}.json")} if n in conditional else {})}
+            for n, ((i, load, label), path) in enumerate(zip(everything, paths, strict=True))]
     plan_path = run_dir / "plan.json"
     plan_path.write_text(json.dumps({"loads": plan}, indent=1), encoding="utf-8")
     log_path = run_dir / "client.log"
     env = engine_process_env(servers[0].spec, run_dir)
     cmd = [servers[0].spec.python or engine_python(), "-m", "vramgate.engine.load_client",
            str(plan_path)]
-    timeout = CLIENT_BASE_S + CLIENT_S_PER_REQUEST * sum(load.num_prompts for _, load, _ in items)
+    timeout = CLIENT_BASE_S + CLIENT_S_PER_REQUEST * sum(load.num_prompts for _, load, _ in everything)
+    levels: list[list[float]] = [[] for _ in servers]
+    leveled: set[int] = set()
+    decided: set[int] = set()
     proc = process.launch(cmd, log_path, env=env, cwd=run_dir)
     t0 = time.monotonic()
     with _Sampler(servers) as sampler:
@@ -355,6 +297,8 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
                 if time.monotonic() - t0 > timeout:
                     raise ServerError(f"vLLM's benchmark client ran past {timeout:g} s against "
                                       f"{', '.join(s.describe() for s in servers)}", process.tail(log_path), run_dir)
+                if warmup is not None:
+                    _steer(warmup, chunks, paths, conditional, sampler, levels, leveled, decided, run_dir)
                 time.sleep(0.2)
         finally:
             process.kill_group(proc, grace_s=1.0)
@@ -364,22 +308,52 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
         raise ServerError(f"vLLM's benchmark client {describe_exit(proc.returncode or 0)}",
                           process.tail(log_path), run_dir)
     results: list[list[LoadResult]] = [[] for _ in servers]
-    for (i, load, _), path in zip(items, paths, strict=True):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ServerError(f"vLLM's benchmark client left no readable result {path.name} ({exc})",
+    warmups: list[list[LoadResult]] = [[] for _ in servers]
+    for n, ((i, load, _), path) in enumerate(zip(everything, paths, strict=True)):
+        data = _read_result(path)
+        if data is None:
+            raise ServerError(f"vLLM's benchmark client left no readable result {path.name}",
                               process.tail(log_path), run_dir) from None
+        if data.get("skipped"):
+            continue
         result = LoadResult.from_client(load, data, str(path))
         if result.failed or result.errors:
             first = result.errors[0] if result.errors else "(no error text)"
             raise ServerError(f"{result.failed} of {load.num_prompts} requests failed on {servers[i].describe()} "
                               f"({load.describe()}); first error: {first}", servers[i].tail(), servers[i].run_dir)
-        results[i].append(result)
-    return LoadRun(results, sampler.samples, sampler.device)
+        (warmups if n < len(chunks) else results)[i].append(result)
+    return LoadRun(results, sampler.samples, sampler.device, warmups, levels, warmup)
 
 
-def run_loads(server: ApiServer, loads: Sequence[Load], run_dir: Path) -> LoadRun:
-    """Run *loads* one after the other against *server*, in one client process; any failed request fails it
-    (:class:`ServerError` with the server's log tail), as does the server exiting during the load."""
-    return run_plan([(0, load, f"load-{n}") for n, load in enumerate(loads)], [server], run_dir)
+def _steer(warmup: WarmUp, chunks: list[tuple[int, Load, str]], paths: list[Path], conditional: set[int],
+           sampler: _Sampler, levels: list[list[float]], leveled: set[int], decided: set[int], run_dir: Path) -> None:
+    """Read the level of each warm-up chunk that has finished, and tell the client whether each next chunk runs
+    (Note [settled warm-up])."""
+    for n, (i, _, _) in enumerate(chunks):
+        if n in leveled:
+            continue
+        data = _read_result(paths[n])
+        if data is None:
+            break
+        leveled.add(n)
+        if not data.get("skipped") and "error" not in data:
+            level = chunk_level(sampler.samples[i], float(data["vramgate_t_start"]), float(data["vramgate_t_end"]))
+            if level is not None:
+                levels[i].append(level)
+    for n in sorted(conditional - decided):
+        i = chunks[n][0]
+        earlier = [m for m in range(n) if chunks[m][0] == i]
+        if not all(m in leveled for m in earlier):
+            break
+        go = run_dir / f"go-{n:03d}.json"
+        tmp = go.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run": not warmup.settled(levels[i])}), encoding="utf-8")
+        os.replace(tmp, go)
+        decided.add(n)
+
+
+def run_loads(server: ApiServer, loads: Sequence[Load], run_dir: Path, *, warmup: WarmUp | None = None) -> LoadRun:
+    """Run *loads* one after the other against *server*, in one client process (after a warm-up that runs until
+    its memory settles, with *warmup*); any failed request fails it (:class:`ServerError` with the server's log
+    tail), as does the server exiting during the load."""
+    return run_plan([(0, load, f"load-{n}") for n, load in enumerate(loads)], [server], run_dir, warmup=warmup)

@@ -9,6 +9,11 @@ which the gate lines up with its memory samples). The client is imported once fo
 a plan (two request rates, or the bursts of a paired A/B) follow each other without the seconds an import takes.
 
 A load that raises writes ``{"error": ...}`` and the plan goes on; the gate fails the test with it.
+
+An item may name a ``wait`` file: the client runs it only once that file exists and says ``{"run": true}``, and
+writes ``{"skipped": true}`` for it when it says false. That is how the gate stops a warm-up once the server's
+memory has settled (Note [settled warm-up] in :mod:`vramgate.engine.load`): it reads the memory between two
+chunks and tells the client whether the next one runs.
 """
 
 from __future__ import annotations
@@ -19,6 +24,27 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+#: Seconds the client waits for the gate's word on an item with a ``wait`` file before it gives up on the item.
+WAIT_S = 120.0
+
+
+def _told_to_run(path: Path, wait_s: float) -> bool:
+    """Whether the gate's *path* says the item runs: waits for it; an item with no word in *wait_s* is skipped."""
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            print(f"no word in {path.name} after {wait_s:g} s: the item is skipped", flush=True)
+            return False
+        time.sleep(0.05)
+    return bool(json.loads(path.read_text(encoding="utf-8")).get("run"))
+
+
+def _write(out: Path, result: dict[str, object]) -> None:
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, default=str), encoding="utf-8")
+    os.replace(tmp, out)
+    print(f"load {out.name} done", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -33,6 +59,10 @@ def main(argv: list[str]) -> int:
 
     for item in plan["loads"]:
         out = Path(item["result"])
+        if item.get("wait") and not _told_to_run(Path(item["wait"]), float(item.get("wait_s", WAIT_S))):
+            _write(out, {"skipped": True, "vramgate_t_start": time.perf_counter(),
+                         "vramgate_t_end": time.perf_counter()})
+            continue
         parser = FlexibleArgumentParser(description="vllm bench serve")
         add_cli_args(parser)
         t_start = time.perf_counter()
@@ -47,10 +77,7 @@ def main(argv: list[str]) -> int:
             result = {"error": last}
         result["vramgate_t_start"] = t_start
         result["vramgate_t_end"] = time.perf_counter()
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, default=str), encoding="utf-8")
-        os.replace(tmp, out)
-        print(f"load {out.name} done", flush=True)
+        _write(out, result)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # the client's event loop may leave threads behind that would block a normal exit

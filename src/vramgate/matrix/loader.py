@@ -56,9 +56,10 @@ _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _NUMBER_AND_UNIT = r"([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$"
 _BUDGET = re.compile(r"^\s*(<=|>=)\s*" + _NUMBER_AND_UNIT)
 #: What a memory slope's budget may say after its amount (the metric is bytes per 1,000 requests).
-_PER_1K_REQUESTS = re.compile(r"\s+per\s+1[,_]?000\s+requests\s*$")
+_PER_1K = re.compile(r"\s+per\s+1[,_]?000\s+(requests|tokens)\s*$")
 #: The memory slopes of the serving suite (resident and device memory): budgets in bytes per 1,000 requests.
-_SLOPES = ("memory_slope", "device_memory_slope")
+#: The slope metrics a budget may name, and what they are per.
+_SLOPES = {"memory_slope": "requests", "device_memory_slope": "requests", "memory_slope_per_token": "tokens"}
 _AMOUNT = re.compile(r"^\s*" + _NUMBER_AND_UNIT)
 
 
@@ -162,6 +163,8 @@ class ServingLoad:
     paired_rounds: int = 20
     paired_requests: int = 32
     paired_concurrency: int = 8
+    soak_requests: int = 3000
+    """Requests of the nightly soak: the sustained load, longer, which sets the lower leak floor."""
 
     def describe(self) -> str:
         """One line: the load."""
@@ -289,13 +292,17 @@ def parse_budget(source: str, where: str, metric: str, text: object) -> Budget:
     if not isinstance(text, str):
         raise MatrixError(f"{source}: {where}.{metric}: must be a string like \"<= 74 GiB\" or \">= 400000\", "
                           f"got {type(text).__name__} {text!r}")
-    m = _BUDGET.match(_PER_1K_REQUESTS.sub("", text) if metric in _SLOPES else text)
+    per = _PER_1K.search(text) if metric in _SLOPES else None
+    if per is not None and per.group(1) != _SLOPES[metric]:
+        raise MatrixError(f"{source}: {where}.{metric}: {text!r}: this slope is per 1000 {_SLOPES[metric]}, not "
+                          f"per 1000 {per.group(1)}")
+    m = _BUDGET.match(_PER_1K.sub("", text) if metric in _SLOPES else text)
     if m is None:
         raise MatrixError(f"{source}: {where}.{metric}: {text!r} is not a budget; write \"<= NUMBER [UNIT]\" or "
                           f"\">= NUMBER [UNIT]\"")
     value, base = _amount(source, f"{where}.{metric}", m.group(2), m.group(3))
     if metric in _SLOPES and base == "B":
-        base = "B/1k requests"  # the slope's unit: bytes per 1,000 requests
+        base = f"B/1k {_SLOPES[metric]}"  # the slope's unit: bytes per 1,000 requests (tokens)
     return Budget(metric, m.group(1), value, base, text.strip())
 
 
@@ -383,7 +390,8 @@ def _serving(source: str, where: str, table: object, tier: str | None) -> Servin
 
 
 LOAD_FIELDS = ("request_rates", "num_prompts", "input_len", "output_len", "burstiness", "max_concurrency", "slo",
-               "sustained_requests", "sustained_concurrency", "paired_rounds", "paired_requests", "paired_concurrency")
+               "sustained_requests", "sustained_concurrency", "paired_rounds", "paired_requests", "paired_concurrency",
+               "soak_requests")
 #: The SLOs vLLM's benchmark client counts goodput by (its ``--goodput`` names).
 SLO_NAMES = ("ttft", "tpot", "e2el")
 
@@ -404,7 +412,8 @@ def _load(source: str, where: str, table: object) -> ServingLoad:
     ints = {}
     for name, default, least in (("num_prompts", 40, 8), ("input_len", 64, 1), ("output_len", 32, 2),
                                  ("sustained_requests", 400, 40), ("sustained_concurrency", 8, 1),
-                                 ("paired_rounds", 20, 4), ("paired_requests", 32, 8), ("paired_concurrency", 8, 1)):
+                                 ("paired_rounds", 20, 4), ("paired_requests", 32, 8), ("paired_concurrency", 8, 1),
+                                 ("soak_requests", 3000, 400)):
         ints[name] = r.get(name, int, default)
         if ints[name] < least:
             raise r.fail(name, f"must be >= {least}, got {ints[name]}")
@@ -425,7 +434,8 @@ def _load(source: str, where: str, table: object) -> ServingLoad:
         slo.append((name, value))
     return ServingLoad(tuple(rates), ints["num_prompts"], ints["input_len"], ints["output_len"], float(burstiness),
                        concurrency, tuple(slo), ints["sustained_requests"], ints["sustained_concurrency"],
-                       ints["paired_rounds"], ints["paired_requests"], ints["paired_concurrency"])
+                       ints["paired_rounds"], ints["paired_requests"], ints["paired_concurrency"],
+                       soak_requests=ints["soak_requests"])
 
 
 def _table_for_suites(r: _Reader, key: str, given: bool, suites: tuple[str, ...], needing: frozenset[str],

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vramgate.core.checks import TOO_NOISY, Finding, check_noise, paired_noise
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
+from vramgate.core.leak import LeakFit
 from vramgate.core.metrics import Better, Kind, Metric, Paired, Scope, median
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class Gate:
         tolerance: float | None = None,
         scope: Scope | None = None,
         history: bool = True,
+        fit: LeakFit | None = None,
     ) -> Metric:
         """Record one metric of the running test.
 
@@ -98,7 +100,8 @@ class Gate:
         default for ``exact``) or ``machine`` (compared only on this hardware
         key: anything an ISA, kernel or device changes). See Note [metric
         scope] in :mod:`vramgate.core.metrics`. ``history=False`` holds it to its budgets only, never to a
-        baseline (Note [budget-only figures] there).
+        baseline (Note [budget-only figures] there). ``fit``: a memory slope's fit, whose lower bound is held to
+        the ceiling and whose samples the report draws (Note [leak fit] in :mod:`vramgate.core.leak`).
         """
         if kind_rule(kind).needs_samples:
             raise ValueError(
@@ -106,7 +109,7 @@ class Gate:
             )
         return self._add(
             Metric(name, value, unit, kind, better, ceiling=ceiling, floor=floor, tolerance=tolerance, scope=scope,
-                   history=history)
+                   history=history, fit=fit)
         )
 
     def record_samples(

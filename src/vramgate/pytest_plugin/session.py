@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget, check_noise
+from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget, check_noise, leak_detail
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
 from vramgate.core.metrics import Metric, relative_change
@@ -339,7 +339,7 @@ class GateSession:
                                   "figures")
         if not metric.history:  # Note [budget-only figures] in vramgate.core.metrics
             return Finding(metric, "not compared", budget=budget,
-                           detail="held to its budgets only: never compared with a baseline")
+                           detail=leak_detail(metric) or "held to its budgets only: never compared with a baseline")
         writes = self.update_scope in ("all", metric.effective_scope)
         if base is None:
             missing: Verdict = "new" if self.update and recordable and writes else MISSING_VERDICTS[self.missing]

@@ -24,7 +24,7 @@ from vramgate.core.records import read_json
 from vramgate.report.chart import Bar, by_suite, changed_bars, is_changed, metric_kinds, short_label
 from vramgate.report.data import ReportError
 from vramgate.report.markdown import data_rows
-from vramgate.report.svg import PALETTE, Line, bar_chart, line_chart
+from vramgate.report.svg import PALETTE, Line, bar_chart, line_chart, slope_chart
 from vramgate.report.table import HEAD, Row, cells, sorted_rows
 
 #: The most bars of one suite's chart of changes, and the most lines of one suite's history chart.
@@ -175,7 +175,15 @@ def _failing(data: dict[str, Any]) -> list[str]:
     out = ["<h2 id=\"failing\">Failing</h2>"]
     for t in failed:
         out += [f"<details open><summary><code>{escape(t['nodeid'])}</code></summary>",
-                f"<pre>{escape(t.get('message') or '')}</pre></details>"]
+                f"<pre>{escape(t.get('message') or '')}</pre>"]
+        for m in t["metrics"]:  # a memory slope's samples and fit (Note [leak fit] in vramgate.core.leak)
+            fit = m["now"].get("fit")
+            if fit and (fit.get("samples") or fit.get("levels")):
+                out.append(slope_chart(fit, title=f"{m['name']}: memory against {fit.get('per', 'request')}s "
+                                                  f"completed", ceiling=m["now"].get("ceiling")))
+                if m.get("decided_by"):
+                    out.append(f'<p class="note">{escape(m["decided_by"])}</p>')
+        out.append("</details>")
     return out
 
 

@@ -1,4 +1,5 @@
-"""Inline SVG charts drawn from plain numbers: horizontal bars of changes and lines over time.
+"""Inline SVG charts drawn from plain numbers: horizontal bars of changes, lines over time, and a memory slope's
+samples and fit.
 
 Each function returns one ``<svg>`` element as text, self-contained (no font, image or script it loads), for the
 HTML page of :mod:`vramgate.report.html`. Text is escaped here; callers pass plain strings.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 
 #: Line colours, in the order lines take them.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -141,5 +143,65 @@ def line_chart(x_labels: list[str], lines: list[Line], *, title: str, unit: str 
         ly = legend_top + 20 * n
         parts.append(f'<rect x="{left}" y="{ly - 10}" width="14" height="4" fill="{line.color}"/>')
         parts.append(_text(left + 20, ly - 3, line.name, size=12))
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def slope_chart(fit: dict[str, Any], *, title: str, ceiling: float | None = None, width: int = 900,
+                height: int = 320) -> str:
+    """A memory slope's picture (*fit*: :meth:`vramgate.core.leak.LeakFit.to_json`): memory (MiB) against completed
+    requests (tokens), the warm-up's samples in grey, the measured part's in blue, its levels in orange, the
+    fitted line in black and, with *ceiling* (bytes per 1,000), the allowance's slope through the levels' centre,
+    dashed red."""
+    samples, warmup, levels = fit.get("samples") or [], fit.get("warmup") or [], fit.get("levels") or []
+    points = [*warmup, *samples, *levels]
+    if not points:
+        raise ValueError(f"slope_chart: {title!r} has no sample to draw")
+    mib = float(1 << 20)
+    xs = [p[0] for p in points]
+    ys = [p[1] / mib for p in points]
+    xt, yt = axis_ticks(min(xs), max(xs), 8), axis_ticks(min(ys), max(ys))
+    left, right, top, plot_h = 76, 24, 34, height - 34 - 64
+    plot_w = width - left - right
+
+    def x(v: float) -> float:
+        return left + (v - xt[0]) / (xt[-1] - xt[0]) * plot_w
+
+    def y(v: float) -> float:
+        return top + (yt[-1] - v / mib) / (yt[-1] - yt[0]) * plot_h
+
+    parts = _opening("slope", width, height, title)
+    for t in yt:
+        parts.append(f'<line x1="{left}" y1="{y(t * mib):.1f}" x2="{left + plot_w}" y2="{y(t * mib):.1f}" '
+                     'stroke="#d0d7de" stroke-width="1"/>')
+        parts.append(_text(left - 6, y(t * mib) + 4, f"{tick_text(t)} MiB", anchor="end", size=11, color="#57606a"))
+    for t in xt:
+        parts.append(_text(x(t), top + plot_h + 18, tick_text(t), anchor="middle", size=11, color="#57606a"))
+    per = str(fit.get("per", "request"))
+    parts.append(_text(left + plot_w / 2, top + plot_h + 36, f"{per}s completed", anchor="middle", size=12))
+    for group, color, r in ((warmup, "#8c959f", 1.6), (samples, PALETTE[0], 1.6)):
+        parts += [f'<circle cx="{x(px):.1f}" cy="{y(py):.1f}" r="{r}" fill="{color}" fill-opacity="0.6"/>'
+                  for px, py in group]
+    if levels:
+        lx0, lx1 = levels[0][0], levels[-1][0]
+        slope, intercept = float(fit["slope"]), float(fit["intercept"])
+        parts.append(f'<line x1="{x(lx0):.1f}" y1="{y(intercept + slope * lx0):.1f}" x2="{x(lx1):.1f}" '
+                     f'y2="{y(intercept + slope * lx1):.1f}" stroke="#24292f" stroke-width="2"/>')
+        if ceiling is not None:
+            cx = sum(p[0] for p in levels) / len(levels)
+            cy = sum(p[1] for p in levels) / len(levels)
+            allowed = ceiling / 1000.0
+            parts.append(f'<line x1="{x(lx0):.1f}" y1="{y(cy + allowed * (lx0 - cx)):.1f}" x2="{x(lx1):.1f}" '
+                         f'y2="{y(cy + allowed * (lx1 - cx)):.1f}" stroke="{PALETTE[3]}" stroke-width="1.5" '
+                         'stroke-dasharray="6 4"/>')
+        parts += [f'<circle cx="{x(px):.1f}" cy="{y(py):.1f}" r="4.5" fill="{PALETTE[1]}" stroke="#24292f" '
+                  'stroke-width="0.8"/>' for px, py in levels]
+    legend = [("#8c959f", "warm-up"), (PALETTE[0], "measured samples"), (PALETTE[1], "levels (medians)"),
+              ("#24292f", "fitted slope")] + ([(PALETTE[3], "allowance (ceiling)")] if ceiling is not None else [])
+    lx = left
+    for color, name in legend:
+        parts.append(f'<rect x="{lx}" y="{height - 16}" width="14" height="4" fill="{color}"/>')
+        parts.append(_text(lx + 20, height - 10, name, size=12))
+        lx += 30 + int(len(name) * CHAR_PX)
     parts.append("</svg>")
     return "\n".join(parts)

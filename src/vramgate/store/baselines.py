@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vramgate.core.kinds import kind_names, kind_rule
+from vramgate.core.leak import LeakFit
 from vramgate.core.metrics import BETTER, SCOPES, UNITS, Metric
 from vramgate.core.provenance import Provenance
 from vramgate.core.records import RecordFormat
@@ -127,6 +128,10 @@ def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
     if kind_rule(raw["kind"]).needs_samples:
         _require(bool(samples), path, f"{where}.samples", f"a {raw['kind']} metric needs its samples")
     try:
+        fit = LeakFit.from_json(raw["fit"], f"{where}.fit") if raw.get("fit") is not None else None
+    except ValueError as exc:
+        raise BaselineError(path, str(exc)) from None
+    try:
         return Metric(
             name=name,
             value=raw["value"],
@@ -139,6 +144,7 @@ def parse_metric(path: Path, where: str, name: str, raw: object) -> Metric:
             samples=[float(s) for s in samples],
             history=history,
             scope=scope,
+            fit=fit,
         )
     except (TypeError, ValueError) as exc:
         raise BaselineError(path, f"{where}: {exc}") from None

@@ -27,7 +27,8 @@ from vramgate.engine import (
     run_engine,
     validate,
 )
-from vramgate.engine.load import device_memory_slope, memory_slope
+from vramgate.engine.leak import WarmUp, device_memory_slope, memory_slope, paired_slope
+from vramgate.engine.load import LoadRun
 from vramgate.engine.paired_load import paired_settings
 from vramgate.machine import isa
 from vramgate.machine.gpu_processes import alive
@@ -123,6 +124,7 @@ __all__ = [
     "EngineResult",
     "EngineSpec",
     "Launcher",
+    "LoadRun",
     "MLPShape",
     "MatrixCase",
     "MoEShape",
@@ -145,6 +147,7 @@ __all__ = [
     "TPError",
     "TPRunner",
     "TPSpec",
+    "WarmUp",
     "Workload",
     "alive",
     "backend_problem",
@@ -189,6 +192,7 @@ __all__ = [
     "paired_burst",
     "paired_defaults",
     "paired_settings",
+    "paired_slope",
     "peak_change",
     "pin_mmap_threshold",
     "rate_load",

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from vramgate.engine import EngineSpec, UnsupportedHere
+from vramgate.engine.leak import WarmUp
 from vramgate.engine.load import Load, LoadRun, run_loads
 from vramgate.engine.paired_load import PairedBursts, run_paired_bursts
 from vramgate.engine.server import ApiServer, ServerError
@@ -120,11 +121,13 @@ class Servers:
             process.release(server.proc)
         server.stop()
 
-    def loads(self, server: ApiServer, loads: Sequence[Load], run_dir: Path) -> LoadRun:
-        """:func:`~vramgate.engine.load.run_loads` on *server*; a failure fails the test with the reason and the
-        log tails (a server that died is replaced for the next test)."""
+    def loads(self, server: ApiServer, loads: Sequence[Load], run_dir: Path, *,
+              warmup: WarmUp | None = None) -> LoadRun:
+        """:func:`~vramgate.engine.load.run_loads` on *server* (after a warm-up until its memory settles, with
+        *warmup*); a failure fails the test with the reason and the log tails (a server that died is replaced for
+        the next test)."""
         try:
-            return run_loads(server, loads, run_dir)
+            return run_loads(server, loads, run_dir, warmup=warmup)
         except ServerError as exc:
             self._drop_dead()
             pytest.fail(str(exc), pytrace=False)
@@ -181,17 +184,16 @@ def workload_trace(entry: Entry, root: Path, folder: Path) -> Path | None:
                              folder / f"{wl.name}.jsonl", prefix_lens=[r.prefix_len for r in built.requests])
 
 
-def sustained_loads(load: ServingLoad) -> tuple[Load, Load]:
-    """The warm-up and the sustained load whose memory slope is gated: at the entry's sustained concurrency, all
-    requests queued at once, so that the server runs the same batch shapes from the first request to the last
-    (an open-loop rate past the server's capacity would grow its queue, and its memory with it)."""
-    base = Load(num_prompts=load.sustained_requests, request_rate=math.inf,
+def sustained_loads(load: ServingLoad, *, soak: bool = False) -> tuple[WarmUp, Load]:
+    """The warm-up (until the server's memory settles: Note [settled warm-up] in :mod:`vramgate.engine.leak`) and
+    the sustained load whose memory slope is gated (*soak*: the nightly soak's, ``soak_requests`` long): at the
+    entry's sustained concurrency, all requests queued at once, so that the server runs the same batch shapes from
+    the first request to the last (an open-loop rate past the server's capacity would grow its queue, and its
+    memory with it)."""
+    base = Load(num_prompts=load.soak_requests if soak else load.sustained_requests, request_rate=math.inf,
                 max_concurrency=load.sustained_concurrency, input_len=load.input_len, output_len=load.output_len,
-                seed=1)
-    warmup = Load(num_prompts=max(5 * load.sustained_concurrency, 8), request_rate=math.inf,
-                  max_concurrency=load.sustained_concurrency, input_len=load.input_len, output_len=load.output_len,
-                  seed=2)
-    return warmup, base
+                seed=3 if soak else 1)
+    return WarmUp(chunk=max(5 * load.sustained_concurrency, 8)), base
 
 
 def paired_burst(load: ServingLoad) -> Load:

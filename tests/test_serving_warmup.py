@@ -1,0 +1,223 @@
+"""The settled warm-up and the memory verdict end to end without vLLM: the gate's own load client
+(:mod:`vramgate.engine.load_client`) drives a stand-in of vLLM's benchmark client against a stand-in server whose
+resident memory follows a chosen law, and ``test_serving_memory`` itself judges it (Note [settled warm-up] in
+:mod:`vramgate.engine.leak`, Note [leak fit] in :mod:`vramgate.core.leak`).
+
+The stand-in server keeps, and touches, memory as requests complete: a fresh server's growth over its first
+requests that then stops (a warm-up), or a leak per request or per output token that never stops.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import textwrap
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from vramgate.core.checks import check_budget
+from vramgate.engine import EngineSpec, leak, load
+from vramgate.engine.load import Load, LoadRun, run_loads
+from vramgate.engine.server import ApiServer
+from vramgate.matrix import ServingLoad
+from vramgate.pytest_plugin.fixture import Gate
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+
+SERVER = """
+import http.server, json, os, sys, threading, time
+cfg = json.load(open(sys.argv[1]))
+law = json.loads(os.environ["STAND_IN_LAW"])
+count = os.environ["STAND_IN_COUNT"]
+kept = []
+
+
+def grow():
+    held = 0
+    while True:
+        try:
+            requests, tokens = (int(v) for v in open(count).read().split())
+        except (OSError, ValueError):
+            requests, tokens = 0, 0
+        want = (min(requests, law["warm_requests"]) * law["warm_bytes"] + requests * law["per_request"]
+                + tokens * law["per_token"])
+        if want > held:
+            kept.append(b"\\x5a" * (want - held))
+            held = want
+        time.sleep(0.01)
+
+
+threading.Thread(target=grow, daemon=True).start()
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer((cfg["host"], cfg["port"]), Health).serve_forever()
+"""
+
+#: vLLM's benchmark client, as the gate's load client imports it: each request "completes" every few
+#: milliseconds and counts itself (and its output tokens) where the stand-in server reads it.
+SERVE = """
+import argparse, os, time
+COUNT = os.environ["STAND_IN_COUNT"]
+done = [0, 0]
+
+
+def add_cli_args(parser):
+    for name in ("--backend", "--host", "--port", "--endpoint", "--model", "--tokenizer", "--num-prompts",
+                 "--request-rate", "--burstiness", "--seed", "--percentile-metrics", "--metric-percentiles",
+                 "--label", "--temperature", "--dataset-name", "--random-input-len", "--random-output-len",
+                 "--random-range-ratio", "--max-concurrency"):
+        parser.add_argument(name)
+    for flag in ("--ignore-eos", "--disable-tqdm", "--save-detailed"):
+        parser.add_argument(flag, action="store_true")
+
+
+def main(args):
+    n, out = int(args.num_prompts), int(args.random_output_len)
+    t0 = time.perf_counter()
+    starts, latencies = [], []
+    for _ in range(n):
+        s = time.perf_counter()
+        time.sleep(0.006)
+        done[0] += 1
+        done[1] += out
+        with open(COUNT + ".tmp", "w") as f:
+            f.write(f"{done[0]} {done[1]}")
+        os.replace(COUNT + ".tmp", COUNT)
+        starts.append(s)
+        latencies.append(time.perf_counter() - s)
+    result = {"completed": n, "failed": 0, "duration": time.perf_counter() - t0, "request_throughput": 1.0,
+              "output_throughput": 1.0, "ttfts": [0.001] * n, "latencies": latencies, "start_times": starts,
+              "output_lens": [out] * n, "errors": [""] * n}
+    for lat in ("ttft", "tpot", "itl", "e2el"):
+        for p in (50, 90, 99):
+            result[f"p{p}_{lat}_ms"] = 1.0
+    return result
+"""
+
+
+@dataclass
+class _Pool:
+    """The ``servers`` fixture's stand-in: one started server, loads run as the real fixture runs them."""
+
+    server: ApiServer
+    runs: list[LoadRun] = field(default_factory=list)
+
+    def get(self, spec: EngineSpec) -> ApiServer:
+        return self.server
+
+    def loads(self, server: ApiServer, loads: list[Load], run_dir: Path, *,
+              warmup: leak.WarmUp | None = None) -> LoadRun:
+        self.runs.append(run_loads(server, loads, run_dir, warmup=warmup))
+        return self.runs[-1]
+
+
+def _stand_in(tmp_path: Path, *, warm_bytes: int = 0, warm_requests: int = 0, per_request: int = 0,
+              per_token: int = 0) -> EngineSpec:
+    """A serving spec whose interpreter runs the stand-in server, and the gate's real load client over the
+    stand-in benchmark client; the server's memory follows the law given."""
+    fake_vllm = tmp_path / "fake-vllm"
+    (fake_vllm / "vllm" / "benchmarks").mkdir(parents=True)
+    (fake_vllm / "vllm" / "utils").mkdir(parents=True)
+    for pkg in ("vllm", "vllm/benchmarks", "vllm/utils"):
+        (fake_vllm / pkg / "__init__.py").write_text("")
+    (fake_vllm / "vllm" / "benchmarks" / "serve.py").write_text(SERVE)
+    (fake_vllm / "vllm" / "utils" / "argparse_utils.py").write_text(
+        "import argparse\nFlexibleArgumentParser = argparse.ArgumentParser\n")
+    (tmp_path / "server.py").write_text(SERVER)
+    law = json.dumps({"warm_bytes": warm_bytes, "warm_requests": warm_requests, "per_request": per_request,
+                      "per_token": per_token})
+    fake = tmp_path / "python"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        export STAND_IN_COUNT={tmp_path / 'completed'} STAND_IN_LAW='{law}'
+        export PYTHONPATH={fake_vllm}:{ROOT / 'src'}
+        case "$2" in
+          vramgate.engine.api_server) exec {sys.executable} {tmp_path / 'server.py'} "$3" ;;
+          vramgate.engine.load_client) exec {sys.executable} -m vramgate.engine.load_client "$3" ;;
+        esac
+        exit 2
+    """))
+    fake.chmod(0o755)
+    return EngineSpec(model="tiny-llama", block_size=32, kv_budget_gib=None, cpu_memory_bytes=1 << 30,
+                      gpu_memory_utilization=0.5, python=str(fake))
+
+
+@pytest.fixture
+def suite() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("suite_serving_warmup", ROOT / "suites/serving/test_serving.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _memory_test(suite: types.ModuleType, spec: EngineSpec, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> tuple[Gate, LoadRun]:
+    """``test_serving_memory`` on the stand-in: 600 sustained requests of 32 output tokens at concurrency 8 (warm-up
+    chunks of 40), sampled every 20 ms."""
+    monkeypatch.setattr(load, "SAMPLE_EVERY_S", 0.02)
+    gate = Gate("suites/serving/test_serving.py::test_serving_memory[tiny-llama]", "serving")
+    case = types.SimpleNamespace(entry=types.SimpleNamespace(load=ServingLoad(
+        request_rates=(4.0,), sustained_requests=600, sustained_concurrency=8)), engine_spec=lambda base: base)
+    with ApiServer(spec, ROOT, tmp_path / "server", start_timeout_s=30) as server:
+        pool = _Pool(server)
+        suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test")
+    (run,) = pool.runs
+    return gate, run
+
+
+def test_the_warm_up_stops_once_the_memory_settles_and_its_growth_is_not_read_as_a_leak(
+        suite: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server grows 1 MiB per request over its first 100 requests (100 MiB: a fresh server's arenas), then
+    nothing: the warm-up runs until two chunks after that, the client skips the rest, and the slope passes."""
+    spec = _stand_in(tmp_path, warm_bytes=MIB, warm_requests=100)
+    gate, run = _memory_test(suite, spec, tmp_path, monkeypatch)
+    chunks = len(run.warmups[0])
+    assert 4 <= chunks < run.warmup.most if run.warmup else False
+    plan_dir = tmp_path / "test" / "load"
+    skipped = [p for p in sorted(plan_dir.glob("load-*.json")) if json.loads(p.read_text()).get("skipped")]
+    assert len(skipped) == run.warmup.most - chunks  # the client was told, and skipped them
+    assert run.warmup.settled(run.warmup_levels[0])
+    assert run.warmup_note(0)["warm_up"].startswith(f"warm-up settled after {chunks} chunks of 40 requests")
+    assert run.warmup_note(0)["warm_up_requests"] == 40 * chunks
+    slope = gate.metrics["memory_slope"]
+    assert slope.fit is not None and slope.fit.warmup and check_budget(slope) is None, slope
+    assert abs(slope.value) < 4 * MIB  # the 100 MiB of the warm-up is not in it
+
+
+def test_a_leak_per_request_never_settles_and_fails_with_its_bound_and_floor(
+        suite: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 KiB kept per request: the warm-up runs all its chunks, and the slope's bound is above the allowance."""
+    spec = _stand_in(tmp_path, per_request=64 * 1024)
+    gate, run = _memory_test(suite, spec, tmp_path, monkeypatch)
+    assert run.warmup is not None and len(run.warmups[0]) == run.warmup.most
+    assert "had not settled" in run.warmup_note(0)["warm_up"]
+    slope = gate.metrics["memory_slope"]
+    assert slope.value == pytest.approx(64 * MIB, rel=0.1)
+    problem = check_budget(slope)
+    assert problem is not None and "lower bound" in problem and "with 95% detection" in problem, problem
+
+
+def test_a_leak_per_output_token_shows_in_the_slope_per_token(
+        suite: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 KiB kept per output token (128 KiB per request of 32 tokens): the slope per 1,000 tokens reads 4 MiB and
+    fails too."""
+    spec = _stand_in(tmp_path, per_token=4 * 1024)
+    gate, _ = _memory_test(suite, spec, tmp_path, monkeypatch)
+    per_token = gate.metrics["memory_slope_per_token"]
+    assert per_token.unit == "B/1k tokens" and per_token.value == pytest.approx(4 * MIB, rel=0.1)
+    assert check_budget(per_token) is not None
