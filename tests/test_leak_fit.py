@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from pathlib import Path
@@ -12,6 +13,7 @@ from vramgate.core.checks import check_budget, leak_detail
 from vramgate.core.leak import ALPHA, LeakFit, fit_leak, t_quantile
 from vramgate.core.metrics import Metric
 from vramgate.matrix.loader import MatrixError, parse_budget
+from vramgate.report import html_page
 from vramgate.store.baselines import BaselineError, parse_metric
 
 
@@ -119,3 +121,41 @@ def test_slope_budgets_say_what_they_are_per() -> None:
     assert parse_budget("m.toml", "entries[0].budgets", "memory_slope", "<= 16 MiB per 1000 requests").value == 16 << 20
     with pytest.raises(MatrixError, match="per 1000 requests, not per 1000 tokens"):
         parse_budget("m.toml", "entries[0].budgets", "memory_slope", "<= 16 MiB per 1000 tokens")
+
+
+SLOPE_TEST = """
+import os, random
+from vramgate.core.leak import fit_leak
+
+def test_memory(gate):
+    leak = float(os.environ["LEAK"])
+    rng = random.Random(1)
+    points = [(k / 5, (1 << 30) + leak * (k / 5) + rng.gauss(0, 1 << 20)) for k in range(2000)]
+    fit = fit_leak(points, warmup=[(0.0, 900e6), (10.0, 1e9)])
+    gate.record("memory_slope", round(fit.slope * 1000), unit="B/1k requests", ceiling=16 << 20, scope="machine",
+                history=False, fit=fit)
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_a_leak_fails_with_its_bound_and_floor_and_the_page_draws_its_samples(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: list[str]) -> None:
+    """A leak of 64 KiB per request over an allowance of 16: the terminal says the slope, its bound and the run's
+    floor; the report's page draws the samples, the levels, the fit and the allowance (through an xdist worker
+    too). Without the leak the same test passes and says its floor."""
+    pytester.makepyfile(test_mem=SLOPE_TEST)
+    monkeypatch.setenv("LEAK", str(64 * 1024))
+    result = pytester.runpytest("--gate-hardware", "test-hw", "--gate-report", "report", *workers)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "99.9% lower bound" in out and "is above its ceiling 16.00 MiB per 1k requests" in out, out
+    data = json.loads((pytester.path / "report" / "report.json").read_text())
+    (metric,) = data["tests"][0]["metrics"]
+    assert metric["now"]["fit"]["levels"] and "this run's floor" in metric["decided_by"]
+    page = html_page(data)
+    assert page.count('<svg class="slope"') == 1 and "allowance (ceiling)" in page and "requests completed" in page
+    monkeypatch.setenv("LEAK", "0")
+    result = pytester.runpytest("--gate-hardware", "test-hw", "--gate-report", "report", *workers)
+    result.assert_outcomes(passed=1)
+    metric = json.loads((pytester.path / "report" / "report.json").read_text())["tests"][0]["metrics"][0]
+    assert "this run's floor" in metric["decided_by"] and not metric["failed"]

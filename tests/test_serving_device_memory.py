@@ -4,7 +4,7 @@ stand-in ``vllm bench serve`` (requests that complete every few milliseconds), w
 
 The fake NVML reports the server's device memory growing by a fixed amount per completed request: per process
 (the engine core's pid), or, as in a container with its own pid namespace, only in the device's whole used memory
-under a host pid the gate cannot see (Note [device memory slope] in :mod:`vramgate.engine.load`).
+under a host pid the gate cannot see (Note [device memory slope] in :mod:`vramgate.engine.leak`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 
 from vramgate.engine import EngineSpec
 from vramgate.engine.api_server import serve_argv
-from vramgate.engine.leak import MemorySample, WarmUp, chunk_level, memory_slope
+from vramgate.engine.leak import MemorySample, WarmUp, chunk_level, memory_slope, paired_slope
 from vramgate.engine.load import Load, LoadResult, client_argv, write_timed_trace
 from vramgate.engine.paired_load import PairedBursts, PairedLoadSettings
 from vramgate.engine.server import ApiServer, ServerError
@@ -369,3 +369,19 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path
     with pytest.raises(ServerError, match="Address already in use"):
         given.start()
     assert count.read_text().count("x") == 1 and given.port == chosen.port
+
+
+def test_the_paired_slope_is_the_candidates_growth_over_the_references_at_matched_requests() -> None:
+    """Both servers drift alike over their requests (2 MiB per 100: the machine's), the candidate keeps 32 KiB per
+    request more: the difference's slope is 32 MiB per 1,000 requests and the drift cancels. The servers take their
+    chunks in turn, so their samples of the same request count come at different moments."""
+    ref_done = [(t + 0.5, 32) for t in range(0, 400, 2)]  # the reference completes a request on even seconds,
+    cand_done = [(t + 1.5, 32) for t in range(0, 400, 2)]  # the candidate on odd ones
+    ref = [MemorySample(float(t), int(1e9 + 2e4 * (t // 2))) for t in range(400)]
+    cand = [MemorySample(float(t), int(2e9 + (2e4 + 32 * 1024) * (t // 2))) for t in range(400)]
+    slope = paired_slope(ref, cand, ref_done, cand_done, 20.0, 20.0)
+    assert slope.per_1k == pytest.approx(32 * 1024 * 1000, rel=0.02) and slope.source == "candidate - reference"
+    alone = memory_slope(cand, cand_done, 20.0)
+    assert alone.per_1k == pytest.approx((2e4 + 32 * 1024) * 1000, rel=0.02)  # the drift is in the candidate's own
+    with pytest.raises(ValueError, match="not sampled over its measured part"):
+        paired_slope(ref[:10], cand, ref_done, cand_done, 20.0, 20.0)

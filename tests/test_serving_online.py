@@ -4,7 +4,8 @@ regressions the serving suite must catch. Needs vLLM (the cpu-full env runs it);
 - a port that is taken and an engine argument vLLM refuses fail the start with the reason and the log's tail;
 - a server whose engine core dies during a load fails that load, and the next test gets a fresh server;
 - a pytest killed with SIGKILL or SIGTERM while its server is up leaves no process of the server behind;
-- ``plant-step-leak`` (256 KiB kept per engine step) fails the memory slope, the unchanged server passes it;
+- ``plant-request-leak`` (64 KiB kept per request: the pre-merge target of docs/online-serving.md, "The leak
+  floor") fails the memory slope on its bound, the unchanged server passes it;
 - ``plant-step-delay`` (every forward pass 15% longer) fails the paired check under load.
 """
 
@@ -160,17 +161,21 @@ def _metric(report: Path, name: str) -> dict[str, object]:
     return found[0]
 
 
-def test_a_leak_of_256_kib_per_step_fails_the_memory_slope(pytester: pytest.Pytester) -> None:
-    project = _project(pytester, profiles=("plant-step-leak",))
+def test_a_leak_of_64_kib_per_request_fails_the_memory_slope(pytester: pytest.Pytester) -> None:
+    project = _project(pytester, profiles=("plant-request-leak",))
     (project.path / "vramgate.toml").write_text(LOAD_MATRIX)
-    args = ("-p", "no:cacheprovider", "suites", "-k", "memory", "--gate-missing", "record")
+    args = ("-p", "no:cacheprovider", "suites", "-k", "test_serving_memory", "-m", "not gate_nightly",
+            "--gate-missing", "record")
     project.runpytest_subprocess(*args, "--gate-report", "same").assert_outcomes(passed=1)
     unchanged = _metric(project.path / "same" / "report.json", "memory_slope")
-    result = project.runpytest_subprocess(*args, "--gate-profile", "plant-step-leak", "--gate-report", "leak")
+    result = project.runpytest_subprocess(*args, "--gate-profile", "plant-request-leak", "--gate-report", "leak")
     result.assert_outcomes(failed=1)
-    assert "memory_slope" in result.stdout.str() and "ceiling" in result.stdout.str(), result.stdout.str()
+    out = result.stdout.str()
+    assert "memory_slope" in out and "lower bound" in out and "ceiling" in out, out
     leak = _metric(project.path / "leak" / "report.json", "memory_slope")
-    assert leak["now"]["value"] > 4 * unchanged["now"]["value"], (leak, unchanged)  # type: ignore[index]
+    assert leak["now"]["value"] == pytest.approx(64 << 20, rel=0.25), leak  # type: ignore[index]
+    assert abs(unchanged["now"]["value"]) < 16 << 20, unchanged  # type: ignore[index]
+    assert "this run's floor" in str(unchanged["decided_by"]) and leak["now"]["fit"]["levels"]  # type: ignore[index]
 
 
 def test_a_step_delay_of_15_percent_fails_the_paired_check_under_load(pytester: pytest.Pytester) -> None:

@@ -151,10 +151,11 @@ def _counts(completions: Sequence[tuple[float, int]], per: str) -> tuple[list[fl
     return moments, counts
 
 
-def _fit(samples: Sequence[tuple[float, int]], completions: Sequence[tuple[float, int]], start: float, per: str,
-         source: str) -> Slope:
-    """The fit of *samples* (moment, bytes) against *completions* (moment, output tokens), over the measured part:
-    from *start* to the last completion (Note [memory slope]); ValueError when that part is too short."""
+def _points(samples: Sequence[tuple[float, int]], completions: Sequence[tuple[float, int]], start: float,
+            per: str) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """*samples* (moment, bytes) placed at the requests (tokens) of *completions* (moment, output tokens) completed
+    by their moment: those of the measured part, from *start* to the last completion, and those before it (the
+    warm-up's); ValueError with fewer than 8 completions."""
     moments, counts = _counts(completions, per)
     if len(moments) < 8:
         raise ValueError(f"a memory slope needs at least 8 completed requests, got {len(moments)}")
@@ -163,10 +164,18 @@ def _fit(samples: Sequence[tuple[float, int]], completions: Sequence[tuple[float
         k = bisect.bisect_right(moments, t)
         return counts[k - 1] if k else 0.0
 
-    measured = [(t, b) for t, b in samples if start <= t <= moments[-1]]
+    measured = [(at(t), float(b)) for t, b in samples if start <= t <= moments[-1]]
     before = [(at(t), float(b)) for t, b in samples if t < start]
-    fit = fit_leak([(at(t), float(b)) for t, b in measured], per=per, warmup=before)
-    return Slope(fit, len(measured), measured[0][1], measured[-1][1], source)
+    return measured, before
+
+
+def _fit(samples: Sequence[tuple[float, int]], completions: Sequence[tuple[float, int]], start: float, per: str,
+         source: str) -> Slope:
+    """The fit of *samples* (moment, bytes) against *completions* (moment, output tokens) over the measured part
+    (Note [memory slope]); ValueError when that part is too short."""
+    measured, before = _points(samples, completions, start, per)
+    fit = fit_leak(measured, per=per, warmup=before)
+    return Slope(fit, len(measured), int(measured[0][1]), int(measured[-1][1]), source)
 
 
 def memory_slope(samples: Sequence[MemorySample], completions: Sequence[tuple[float, int]], start: float, *,
@@ -194,17 +203,19 @@ def paired_slope(reference: Sequence[MemorySample], candidate: Sequence[MemorySa
                  reference_done: Sequence[tuple[float, int]], candidate_done: Sequence[tuple[float, int]],
                  reference_start: float, candidate_start: float) -> Slope:
     """The slope of the candidate's resident memory minus the reference's, per 1,000 requests, at matched completed
-    requests over both measured parts (Note [paired slopes]); ValueError as :func:`memory_slope`'s."""
-    ref = memory_slope(reference, reference_done, reference_start)
-    cand = memory_slope(candidate, candidate_done, candidate_start)
-    ref_points = sorted(ref.fit.samples)
-    xs = [x for x, _ in ref_points]
+    requests over both measured parts (Note [paired slopes]): each sample of the candidate less the reference's
+    sample nearest in requests completed. ValueError as :func:`memory_slope`'s."""
+    ref, _ = _points([(s.t, s.rss_bytes) for s in reference], reference_done, reference_start, "request")
+    cand, _ = _points([(s.t, s.rss_bytes) for s in candidate], candidate_done, candidate_start, "request")
+    ref.sort()
+    xs = [x for x, _ in ref]
     diff = []
-    for x, y in cand.fit.samples:
+    for x, y in cand:
         k = bisect.bisect_left(xs, x)
         near = [j for j in (k - 1, k) if 0 <= j < len(xs)]
         if near:
             j = min(near, key=lambda j: abs(xs[j] - x))
-            diff.append((x, y - ref_points[j][1]))
-    fit = fit_leak(diff, per="request")
-    return Slope(fit, len(diff), int(diff[0][1]), int(diff[-1][1]), "candidate - reference")
+            diff.append((x, y - ref[j][1]))
+    if not diff:
+        raise ValueError("the reference's memory was not sampled over its measured part: no difference to fit")
+    return Slope(fit_leak(diff, per="request"), len(diff), int(diff[0][1]), int(diff[-1][1]), "candidate - reference")

@@ -180,7 +180,7 @@ class LoadResult:
 
 class _Sampler:
     """A thread sampling servers' memory every :data:`SAMPLE_EVERY_S` until stopped: resident memory, and on the
-    GPU tier device memory too (Note [device memory slope])."""
+    GPU tier device memory too (Note [device memory slope] in :mod:`vramgate.engine.leak`)."""
 
     def __init__(self, servers: Sequence[ApiServer]) -> None:
         self.servers = list(servers)
@@ -223,11 +223,11 @@ class LoadRun:
     results: list[list[LoadResult]]
     memory: list[list[MemorySample]]
     device_memory: list[list[DeviceMemorySample]] = field(default_factory=list)
-    """Each server's device memory samples (Note [device memory slope]); empty lists on the CPU tier."""
+    """Each server's device memory samples (Note [device memory slope] in :mod:`vramgate.engine.leak`); empty lists on the CPU tier."""
     warmups: list[list[LoadResult]] = field(default_factory=list)
-    """Each server's warm-up chunks that ran (Note [settled warm-up]); empty lists without a warm-up."""
+    """Each server's warm-up chunks that ran (Note [settled warm-up] in :mod:`vramgate.engine.leak`); empty lists without a warm-up."""
     warmup_levels: list[list[float]] = field(default_factory=list)
-    """Each server's level after each of its warm-up chunks (Note [settled warm-up])."""
+    """Each server's level after each of its warm-up chunks (Note [settled warm-up] in :mod:`vramgate.engine.leak`)."""
     warmup: WarmUp | None = None
     """The warm-up the servers ran, if any."""
 
@@ -328,7 +328,7 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
 def _steer(warmup: WarmUp, chunks: list[tuple[int, Load, str]], paths: list[Path], conditional: set[int],
            sampler: _Sampler, levels: list[list[float]], leveled: set[int], decided: set[int], run_dir: Path) -> None:
     """Read the level of each warm-up chunk that has finished, and tell the client whether each next chunk runs
-    (Note [settled warm-up])."""
+    (Note [settled warm-up] in :mod:`vramgate.engine.leak`)."""
     for n, (i, _, _) in enumerate(chunks):
         if n in leveled:
             continue

@@ -12,7 +12,7 @@ A load that raises writes ``{"error": ...}`` and the plan goes on; the gate fail
 
 An item may name a ``wait`` file: the client runs it only once that file exists and says ``{"run": true}``, and
 writes ``{"skipped": true}`` for it when it says false. That is how the gate stops a warm-up once the server's
-memory has settled (Note [settled warm-up] in :mod:`vramgate.engine.load`): it reads the memory between two
+memory has settled (Note [settled warm-up] in :mod:`vramgate.engine.leak`): it reads the memory between two
 chunks and tells the client whether the next one runs.
 """
 

@@ -10,7 +10,7 @@ vLLM shut down cleanly on it), waits, then ends the whole process group (vLLM's 
 dies without stopping it leaves nothing either (Note [no child outlives its gate] in
 :mod:`vramgate.runtime.process`). While it serves, its memory is read: its process tree's resident memory, and on
 the GPU tier its device memory through NVML (:meth:`ApiServer.device_reader`; Note [device memory slope] in
-:mod:`vramgate.engine.load`).
+:mod:`vramgate.engine.leak`).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class ApiServer:
     def device_reader(self) -> TreeDeviceReader | None:
         """NVML, open on the devices this server uses (those its ``CUDA_VISIBLE_DEVICES`` shows, as many as its
         tensor-parallel size), for readings of its device memory; None on the CPU tier or where NVML cannot be
-        read (Note [device memory slope] in :mod:`vramgate.engine.load`). The caller closes it."""
+        read (Note [device memory slope] in :mod:`vramgate.engine.leak`). The caller closes it."""
         if engine_tier() != "gpu":
             return None
         try:

@@ -57,9 +57,9 @@ _NUMBER_AND_UNIT = r"([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z
 _BUDGET = re.compile(r"^\s*(<=|>=)\s*" + _NUMBER_AND_UNIT)
 #: What a memory slope's budget may say after its amount (the metric is bytes per 1,000 requests).
 _PER_1K = re.compile(r"\s+per\s+1[,_]?000\s+(requests|tokens)\s*$")
-#: The memory slopes of the serving suite (resident and device memory): budgets in bytes per 1,000 requests.
 #: The slope metrics a budget may name, and what they are per.
-_SLOPES = {"memory_slope": "requests", "device_memory_slope": "requests", "memory_slope_per_token": "tokens"}
+_SLOPES = {"memory_slope": "requests", "device_memory_slope": "requests", "memory_slope_difference": "requests",
+           "memory_slope_per_token": "tokens"}
 _AMOUNT = re.compile(r"^\s*" + _NUMBER_AND_UNIT)
 
 

@@ -25,4 +25,5 @@ SERVING_CAPACITY = matrix_suite("serving_capacity", metrics=(
 SERVING = matrix_suite("serving", metrics=(
     "ttft", "tpot", "e2el", "ttft_p90", "ttft_p99", "tpot_p90", "tpot_p99", "itl_p50", "itl_p90", "itl_p99",
     "e2el_p90", "e2el_p99", "request_throughput", "output_throughput", "goodput", "memory_slope",
-    "device_memory_slope", "server_rss_bytes"), serving=True, load=True)
+    "memory_slope_per_token", "memory_slope_difference", "device_memory_slope", "server_rss_bytes"), serving=True,
+    load=True)

@@ -21,7 +21,7 @@ import pytest
 
 from vramgate.engine import EngineSpec, UnsupportedHere
 from vramgate.engine.leak import WarmUp
-from vramgate.engine.load import Load, LoadRun, run_loads
+from vramgate.engine.load import Load, LoadRun, run_loads, run_plan
 from vramgate.engine.paired_load import PairedBursts, run_paired_bursts
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.matrix import Entry, ServingLoad
@@ -128,6 +128,16 @@ class Servers:
         the next test)."""
         try:
             return run_loads(server, loads, run_dir, warmup=warmup)
+        except ServerError as exc:
+            self._drop_dead()
+            pytest.fail(str(exc), pytrace=False)
+
+    def plan(self, items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], run_dir: Path, *,
+             warmup: WarmUp | None = None) -> LoadRun:
+        """:func:`~vramgate.engine.load.run_plan` on *servers* (each warmed up until its memory settles, in turn,
+        with *warmup*); failures as :meth:`loads`."""
+        try:
+            return run_plan(items, servers, run_dir, warmup=warmup)
         except ServerError as exc:
             self._drop_dead()
             pytest.fail(str(exc), pytrace=False)

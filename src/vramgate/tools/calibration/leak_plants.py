@@ -62,8 +62,7 @@ def write_leak_plant(patches: Path, size: int, per: str = "request", name: str |
     folder.mkdir(parents=True, exist_ok=True)
     patch = f"0001-scheduler-keeps-{size}-bytes-per-{per}.patch"
     text = (_REQUEST_PATCH if per == "request" else _TOKEN_PATCH).format(name=name, size=size, blank=" ")
-    (folder / patch).write_text(text,
-                                encoding="utf-8")
+    (folder / patch).write_text(text, encoding="utf-8")
     (folder / "manifest.toml").write_text(f'''name = "{name}"
 description = """
 A planted regression, not an optimization: vLLM 0.32.0's scheduler keeps {size} bytes alive (and touched) per
