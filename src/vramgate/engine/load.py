@@ -223,9 +223,11 @@ class LoadRun:
     results: list[list[LoadResult]]
     memory: list[list[MemorySample]]
     device_memory: list[list[DeviceMemorySample]] = field(default_factory=list)
-    """Each server's device memory samples (Note [device memory slope] in :mod:`vramgate.engine.leak`); empty lists on the CPU tier."""
+    """Each server's device memory samples (Note [device memory slope] in :mod:`vramgate.engine.leak`); empty lists
+    on the CPU tier."""
     warmups: list[list[LoadResult]] = field(default_factory=list)
-    """Each server's warm-up chunks that ran (Note [settled warm-up] in :mod:`vramgate.engine.leak`); empty lists without a warm-up."""
+    """Each server's warm-up chunks that ran (Note [settled warm-up] in :mod:`vramgate.engine.leak`); empty lists
+    without a warm-up."""
     warmup_levels: list[list[float]] = field(default_factory=list)
     """Each server's level after each of its warm-up chunks (Note [settled warm-up] in :mod:`vramgate.engine.leak`)."""
     warmup: WarmUp | None = None

@@ -55,7 +55,7 @@ _BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _NUMBER_AND_UNIT = r"([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$"
 _BUDGET = re.compile(r"^\s*(<=|>=)\s*" + _NUMBER_AND_UNIT)
-#: What a memory slope's budget may say after its amount (the metric is bytes per 1,000 requests).
+#: What a memory slope's budget may say after its amount: per 1,000 requests, or per 1,000 output tokens.
 _PER_1K = re.compile(r"\s+per\s+1[,_]?000\s+(requests|tokens)\s*$")
 #: The slope metrics a budget may name, and what they are per.
 _SLOPES = {"memory_slope": "requests", "device_memory_slope": "requests", "memory_slope_difference": "requests",
