@@ -33,7 +33,7 @@ SERVER = """
 import http.server, json, os, sys, threading, time
 cfg = json.load(open(sys.argv[1]))
 law = json.loads(os.environ["STAND_IN_LAW"])
-count = os.environ["STAND_IN_COUNT"]
+count = os.environ["STAND_IN_COUNT"] + "-" + str(cfg["port"])
 kept = []
 
 
@@ -72,7 +72,7 @@ http.server.HTTPServer((cfg["host"], cfg["port"]), Health).serve_forever()
 SERVE = """
 import argparse, os, time
 COUNT = os.environ["STAND_IN_COUNT"]
-done = [0, 0]
+done = {}
 
 
 def add_cli_args(parser):
@@ -87,16 +87,18 @@ def add_cli_args(parser):
 
 def main(args):
     n, out = int(args.num_prompts), int(args.random_output_len)
+    count = COUNT + "-" + args.port  # each server counts its own requests
+    mine = done.setdefault(count, [0, 0])
     t0 = time.perf_counter()
     starts, latencies = [], []
     for _ in range(n):
         s = time.perf_counter()
         time.sleep(0.006)
-        done[0] += 1
-        done[1] += out
-        with open(COUNT + ".tmp", "w") as f:
-            f.write(f"{done[0]} {done[1]}")
-        os.replace(COUNT + ".tmp", COUNT)
+        mine[0] += 1
+        mine[1] += out
+        with open(count + ".tmp", "w") as f:
+            f.write(f"{mine[0]} {mine[1]}")
+        os.replace(count + ".tmp", count)
         starts.append(s)
         latencies.append(time.perf_counter() - s)
     result = {"completed": n, "failed": 0, "duration": time.perf_counter() - t0, "request_throughput": 1.0,
@@ -126,9 +128,11 @@ class _Pool:
 
 
 def _stand_in(tmp_path: Path, *, warm_bytes: int = 0, warm_requests: int = 0, per_request: int = 0,
-              per_token: int = 0) -> EngineSpec:
+              per_token: int = 0, count: Path | None = None) -> EngineSpec:
     """A serving spec whose interpreter runs the stand-in server, and the gate's real load client over the
-    stand-in benchmark client; the server's memory follows the law given."""
+    stand-in benchmark client; the server's memory follows the law given. *count*: where the client counts each
+    server's requests (servers of one plan share it; default in *tmp_path*)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     fake_vllm = tmp_path / "fake-vllm"
     (fake_vllm / "vllm" / "benchmarks").mkdir(parents=True)
     (fake_vllm / "vllm" / "utils").mkdir(parents=True)
@@ -143,7 +147,7 @@ def _stand_in(tmp_path: Path, *, warm_bytes: int = 0, warm_requests: int = 0, pe
     fake = tmp_path / "python"
     fake.write_text(textwrap.dedent(f"""\
         #!/bin/sh
-        export STAND_IN_COUNT={tmp_path / 'completed'} STAND_IN_LAW='{law}'
+        export STAND_IN_COUNT={count or tmp_path / 'completed'} STAND_IN_LAW='{law}'
         export PYTHONPATH={fake_vllm}:{ROOT / 'src'}
         case "$2" in
           vramgate.engine.api_server) exec {sys.executable} {tmp_path / 'server.py'} "$3" ;;
@@ -221,3 +225,52 @@ def test_a_leak_per_output_token_shows_in_the_slope_per_token(
     per_token = gate.metrics["memory_slope_per_token"]
     assert per_token.unit == "B/1k tokens" and per_token.value == pytest.approx(4 * MIB, rel=0.1)
     assert check_budget(per_token) is not None
+
+
+@dataclass
+class _Pair:
+    """The ``servers`` fixture's stand-in for a paired test: a server per profile (None: the unpatched one)."""
+
+    by_profile: dict[str | None, ApiServer]
+    runs: list[LoadRun] = field(default_factory=list)
+
+    def get(self, spec: EngineSpec) -> ApiServer:
+        return self.by_profile[spec.profile]
+
+    def plan(self, items: list[tuple[int, Load, str]], servers: list[ApiServer], run_dir: Path, *,
+             warmup: leak.WarmUp | None = None) -> LoadRun:
+        self.runs.append(load.run_plan(items, servers, run_dir, warmup=warmup))
+        return self.runs[-1]
+
+
+@pytest.mark.parametrize("candidate_leak", [0, 64 * 1024], ids=["same", "leaks-64k"])
+def test_the_paired_slope_judges_the_profiles_server_over_the_unpatched_one(
+        suite: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, candidate_leak: int) -> None:
+    """``test_serving_memory_paired``: both servers warm up until settled (100 MiB over their first 100 requests),
+    then take chunks in turn; a candidate keeping 64 KiB per request more fails on the difference's bound, one that
+    grows alike passes."""
+    monkeypatch.setattr(load, "SAMPLE_EVERY_S", 0.02)
+    monkeypatch.setattr(suite, "PAIRED_MEMORY_ROUNDS", 6)
+    monkeypatch.setattr(suite, "skip_unmet", lambda profile: None)
+    monkeypatch.setattr(suite, "engine_tier", lambda: "cpu")
+    monkeypatch.setattr(suite, "runnable_candidate", lambda ref, profile, mla: ref.replace(profile=profile.name))
+    count = tmp_path / "completed"
+    ref_spec = _stand_in(tmp_path / "ref", warm_bytes=MIB, warm_requests=100, count=count)
+    cand_spec = _stand_in(tmp_path / "cand", warm_bytes=MIB, warm_requests=100, per_request=candidate_leak,
+                          count=count)
+    gate = Gate("suites/serving/test_serving.py::test_serving_memory_paired[plant]", "serving")
+    with ApiServer(ref_spec.replace(profile=None), ROOT, tmp_path / "a", start_timeout_s=30) as a, \
+            ApiServer(cand_spec.replace(profile=None), ROOT, tmp_path / "b", start_timeout_s=30) as b:
+        pool = _Pair({None: a, "plant": b})
+        suite.test_serving_memory_paired(gate, pool, lambda model: types.SimpleNamespace(use_mla=False),
+                                         types.SimpleNamespace(name="plant"), tmp_path / "test")
+    (run,) = pool.runs
+    assert all(3 <= len(w) <= 8 for w in run.warmups), run.warmup_levels  # 100 MiB over 100 requests, then flat
+    assert all(len(r) == 6 for r in run.results)
+    metric = gate.metrics["memory_slope_difference"]
+    assert metric.fit is not None and [c["server"] for c in gate.conditions] == ["reference", "candidate"]
+    if candidate_leak:
+        assert metric.value == pytest.approx(64 * MIB, rel=0.15)
+        assert "lower bound" in (check_budget(metric) or ""), metric
+    else:
+        assert abs(metric.value) < 8 * MIB and check_budget(metric) is None, metric
