@@ -18,7 +18,8 @@ KIB = 1024
 
 def _server(per_request: float, seed: int, requests: int = 1200) -> dict[str, Any]:
     """A server's record: a request of 32 tokens completes every 0.1 s after a warm-up of 10 s; memory sampled every
-    0.02 s, 1 GiB plus *per_request* per completed request, plus steps of up to 256 KiB either way that stay, and 200 KiB noise."""
+    0.02 s, 1 GiB plus *per_request* per completed request, plus steps of up to 256 KiB either way that stay, and
+    200 KiB noise."""
     rng = random.Random(seed)
     completions = [[10.0 + 0.1 * (k + 1), 32] for k in range(requests)]
     samples, steps = [], 0.0
