@@ -402,7 +402,7 @@ def test_record_errors_are_clear(pytester: pytest.Pytester) -> None:
         test_bad="""
         import pytest
         def test_unit(gate):
-            with pytest.raises(ValueError, match="unknown unit 'GB'; accepted: B, B/1k requests, B/s"):
+            with pytest.raises(ValueError, match="unknown unit 'GB'; accepted: B, B/1k requests, B/1k tokens, B/s"):
                 gate.record("x", 1, unit="GB")
         def test_twice(gate):
             gate.record("x", 1, unit="B")

@@ -58,7 +58,7 @@ http.server.HTTPServer((cfg["host"], cfg["port"]), Health).serve_forever()
 
 CLIENT = """
 import json, os, sys, time
-STEP_S = 0.008
+STEP_S = 0.02
 plan = json.load(open(sys.argv[1]))
 done = 0
 for item in plan["loads"]:

@@ -114,8 +114,13 @@ def _memory(gate: Gate, run: LoadRun, ceiling: float, output_len: int) -> None:
     allowance per token is the allowance per request spread over the load's *output_len* tokens."""
     last = run.results[0][-1]
     start = run.measured_from(0)
-    slope = memory_slope(run.memory[0], last.completions, start)
-    per_token = memory_slope(run.memory[0], last.completions, start, per="token")
+    # the warm-up's completions too, so that the picture places its samples before the measured part's
+    done = [c for chunk in run.warmups[0] for c in chunk.completions] + last.completions
+    try:
+        slope = memory_slope(run.memory[0], done, start)
+        per_token = memory_slope(run.memory[0], done, start, per="token")
+    except ValueError as exc:
+        pytest.fail(f"the memory slope of {last.load.describe()} could not be fitted: {exc}", pytrace=False)
     gate.record("memory_slope", round(slope.per_1k), unit="B/1k requests", ceiling=ceiling, scope="machine",
                 history=False, fit=slope.fit)
     gate.record("memory_slope_per_token", round(per_token.per_1k), unit="B/1k tokens", ceiling=ceiling / output_len,
@@ -123,7 +128,7 @@ def _memory(gate: Gate, run: LoadRun, ceiling: float, output_len: int) -> None:
     gate.record("server_rss_bytes", slope.end_bytes, unit="B", tolerance=0.10, scope="machine")
     gate.conditions.append(run.warmup_note(0))
     if run.device_memory and run.device_memory[0]:
-        device = device_memory_slope(run.device_memory[0], last.completions, start)
+        device = device_memory_slope(run.device_memory[0], done, start)
         gate.record("device_memory_slope", round(device.per_1k), unit="B/1k requests",
                     ceiling=DEVICE_MEMORY_SLOPE_CEILING, scope="machine", history=False, fit=device.fit)
         gate.conditions.append({"device_memory_slope": device.source})

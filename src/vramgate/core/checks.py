@@ -62,7 +62,7 @@ def check_budget(metric: Metric) -> str | None:
         fit, allowance = metric.fit, metric.ceiling / SLOPE_SCALE
         if fit.shows_leak(allowance):
             return (f"{metric.show()}: its {1 - fit.alpha:.1%} lower bound {metric.show(fit.lower * SLOPE_SCALE)} "
-                    f"is above its ceiling {metric.show(metric.ceiling)} (this run shows a slope of "
+                    f"is above its ceiling {metric.show(metric.ceiling)} (this run catches slopes of "
                     f"{metric.show(fit.floor(allowance) * SLOPE_SCALE)} or more with {POWER:.0%} detection)")
         return None
     if metric.ceiling is not None and metric.value > metric.ceiling:

@@ -103,10 +103,11 @@ class WarmUp:
         rises = [b - a for a, b in itertools.pairwise(levels)][-self.steady:]
         return all(rise <= self.growth_per_request * self.chunk for rise in rises)
 
-    def describe(self, levels: Sequence[float]) -> str:
-        """One line: how the warm-up of *levels* ended."""
+    def describe(self, levels: Sequence[float], chunks: int | None = None) -> str:
+        """One line: how the warm-up of *levels* (of *chunks* chunks run; default one per level) ended."""
         state = "settled" if self.settled(levels) else "had not settled"
-        return (f"warm-up {state} after {len(levels)} chunks of {self.chunk} requests (at most "
+        return (f"warm-up {state} after {len(levels) if chunks is None else chunks} chunks of {self.chunk} requests "
+                f"(at most "
                 f"{self.growth_per_request / 1024:g} KiB per request from one chunk to the next)")
 
 
@@ -181,8 +182,9 @@ def _fit(samples: Sequence[tuple[float, int]], completions: Sequence[tuple[float
 def memory_slope(samples: Sequence[MemorySample], completions: Sequence[tuple[float, int]], start: float, *,
                  per: str = "request") -> Slope:
     """The resident memory's slope per 1,000 requests (``per="token"``: output tokens) over the measured part of a
-    load, from *start* to its last completion; *completions* are each request's (end, output tokens). Samples
-    before *start* (the warm-up) are kept for the picture only. ValueError when the part is too short to fit."""
+    load, from *start* to its last completion; *completions* are each request's (end, output tokens), the
+    warm-up's too where its samples are to be placed in the picture. Samples before *start* (the warm-up) are kept
+    for the picture only. ValueError when the part is too short to fit."""
     return _fit([(s.t, s.rss_bytes) for s in samples], completions, start, per, FROM_RSS)
 
 

@@ -237,7 +237,7 @@ class LoadRun:
         """How *server*'s warm-up went, for a test's conditions: a line, and the requests it took."""
         if self.warmup is None:
             return {"warm_up": "none"}
-        return {"warm_up": self.warmup.describe(self.warmup_levels[server]),
+        return {"warm_up": self.warmup.describe(self.warmup_levels[server], len(self.warmups[server])),
                 "warm_up_requests": sum(r.completed for r in self.warmups[server])}
 
     def measured_from(self, server: int = 0) -> float:
@@ -302,6 +302,8 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
                 if warmup is not None:
                     _steer(warmup, chunks, paths, conditional, sampler, levels, leveled, decided, run_dir)
                 time.sleep(0.2)
+            if warmup is not None:  # the last chunks' levels, if the client ended before the loop read them
+                _steer(warmup, chunks, paths, conditional, sampler, levels, leveled, decided, run_dir)
         finally:
             process.kill_group(proc, grace_s=1.0)
     if proc.returncode != 0:
