@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
+from serving_standin import HEALTH, RESULT, Pool
 from vramgate.core.checks import check_budget
 from vramgate.engine import EngineSpec, leak, load
 from vramgate.engine import server as server_module
 from vramgate.engine.leak import DeviceMemorySample, device_memory_slope
-from vramgate.engine.load import LoadRun, run_loads
+from vramgate.engine.load import LoadRun
 from vramgate.engine.server import ApiServer
 from vramgate.machine.probes.cpu import children
 from vramgate.matrix import ServingLoad
@@ -42,22 +43,11 @@ SERVER = """
 import http.server, json, subprocess, sys
 cfg = json.load(open(sys.argv[1]))
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # the engine core
-
-
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-http.server.HTTPServer((cfg["host"], cfg["port"]), Health).serve_forever()
-"""
+""" + HEALTH
 
 CLIENT = """
 import json, os, sys, time
+""" + RESULT + """
 STEP_S = 0.02
 plan = json.load(open(sys.argv[1]))
 done = 0
@@ -75,13 +65,8 @@ for item in plan["loads"]:
         with open(COUNT + ".tmp", "w") as f:
             f.write(str(done))
         os.replace(COUNT + ".tmp", COUNT)
-    result = {"completed": n, "failed": 0, "duration": time.perf_counter() - t_start, "request_throughput": 1.0,
-              "output_throughput": 1.0, "ttfts": [0.001] * n, "latencies": latencies, "start_times": starts,
-              "output_lens": [2] * n, "errors": [""] * n, "vramgate_t_start": t_start,
-              "vramgate_t_end": time.perf_counter()}
-    for lat in ("ttft", "tpot", "itl", "e2el"):
-        for p in (50, 90, 99):
-            result[f"p{p}_{lat}_ms"] = 1.0
+    result = result_of(n, t_start, starts, latencies, 2)
+    result.update(vramgate_t_start=t_start, vramgate_t_end=time.perf_counter())
     json.dump(result, open(item["result"], "w"))
 """
 
@@ -155,22 +140,6 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EngineSpec:
                       gpu_memory_utilization=0.5, python=str(fake))
 
 
-@dataclass
-class _Pool:
-    """The ``servers`` fixture's stand-in: one started server, loads run as the real fixture runs them."""
-
-    server: ApiServer
-    runs: list[LoadRun] = field(default_factory=list)
-
-    def get(self, spec: EngineSpec) -> ApiServer:
-        return self.server
-
-    def loads(self, server: ApiServer, loads: list[load.Load], run_dir: Path, *,
-              warmup: leak.WarmUp | None = None) -> LoadRun:
-        self.runs.append(run_loads(server, loads, run_dir, warmup=warmup))
-        return self.runs[-1]
-
-
 @pytest.fixture
 def suite() -> types.ModuleType:
     spec = importlib.util.spec_from_file_location("suite_serving_device", ROOT / "suites/serving/test_serving.py")
@@ -198,7 +167,7 @@ def _memory_test(suite: types.ModuleType, server: ApiServer, tmp_path: Path) -> 
     gate = Gate("suites/serving/test_serving.py::test_serving_memory[tiny-llama]", "serving")
     case = types.SimpleNamespace(entry=types.SimpleNamespace(load=ServingLoad(
         request_rates=(4.0,), sustained_requests=200, sustained_concurrency=2)), engine_spec=lambda base: base)
-    pool = _Pool(server)
+    pool = Pool(server)
     suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test")
     (run,) = pool.runs
     return gate, run

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from serving_standin import HEALTH, RESULT, Pool
 from vramgate.core.checks import check_budget
 from vramgate.engine import EngineSpec, leak, load
-from vramgate.engine.load import Load, LoadRun, run_loads
+from vramgate.engine.load import Load, LoadRun
 from vramgate.engine.server import ApiServer
 from vramgate.matrix import ServingLoad
 from vramgate.pytest_plugin.fixture import Gate
@@ -53,24 +54,13 @@ def grow():
 
 
 threading.Thread(target=grow, daemon=True).start()
-
-
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-http.server.HTTPServer((cfg["host"], cfg["port"]), Health).serve_forever()
-"""
+""" + HEALTH
 
 #: vLLM's benchmark client, as the gate's load client imports it: each request "completes" every few
 #: milliseconds and counts itself (and its output tokens) where the stand-in server reads it.
 SERVE = """
 import argparse, os, time
+""" + RESULT + """
 COUNT = os.environ["STAND_IN_COUNT"]
 done = {}
 
@@ -101,30 +91,8 @@ def main(args):
         os.replace(count + ".tmp", count)
         starts.append(s)
         latencies.append(time.perf_counter() - s)
-    result = {"completed": n, "failed": 0, "duration": time.perf_counter() - t0, "request_throughput": 1.0,
-              "output_throughput": 1.0, "ttfts": [0.001] * n, "latencies": latencies, "start_times": starts,
-              "output_lens": [out] * n, "errors": [""] * n}
-    for lat in ("ttft", "tpot", "itl", "e2el"):
-        for p in (50, 90, 99):
-            result[f"p{p}_{lat}_ms"] = 1.0
-    return result
+    return result_of(n, t0, starts, latencies, out)
 """
-
-
-@dataclass
-class _Pool:
-    """The ``servers`` fixture's stand-in: one started server, loads run as the real fixture runs them."""
-
-    server: ApiServer
-    runs: list[LoadRun] = field(default_factory=list)
-
-    def get(self, spec: EngineSpec) -> ApiServer:
-        return self.server
-
-    def loads(self, server: ApiServer, loads: list[Load], run_dir: Path, *,
-              warmup: leak.WarmUp | None = None) -> LoadRun:
-        self.runs.append(run_loads(server, loads, run_dir, warmup=warmup))
-        return self.runs[-1]
 
 
 def _stand_in(tmp_path: Path, *, warm_bytes: int = 0, warm_requests: int = 0, per_request: int = 0,
@@ -178,7 +146,7 @@ def _memory_test(suite: types.ModuleType, spec: EngineSpec, tmp_path: Path,
     case = types.SimpleNamespace(entry=types.SimpleNamespace(load=ServingLoad(
         request_rates=(4.0,), sustained_requests=600, sustained_concurrency=8)), engine_spec=lambda base: base)
     with ApiServer(spec, ROOT, tmp_path / "server", start_timeout_s=30) as server:
-        pool = _Pool(server)
+        pool = Pool(server)
         suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test")
     (run,) = pool.runs
     return gate, run
