@@ -41,7 +41,7 @@ def test_an_exact_line_is_recovered_with_a_tight_bound() -> None:
     assert fit.slope == pytest.approx(64 * 1024, rel=1e-3)
     assert fit.lower == pytest.approx(64 * 1024, rel=1e-2)
     assert fit.shows_leak(16 * 1024) and not fit.shows_leak(80 * 1024)
-    assert fit.df == 6 and len(fit.levels) == 8 and fit.span == 399
+    assert fit.df == 10 and len(fit.levels) == 12 and fit.span == 399
 
 
 def test_a_step_in_the_middle_widens_the_bound_instead_of_failing() -> None:
@@ -68,10 +68,10 @@ def test_false_alarms_and_detections_under_level_noise() -> None:
 
 
 def test_too_few_samples_or_levels_say_so() -> None:
-    with pytest.raises(ValueError, match="at least 16 samples"):
+    with pytest.raises(ValueError, match="at least 24 samples"):
         fit_leak([(float(i), 1.0) for i in range(10)])
     bursts = [(0.0, 1.0)] * 20 + [(100.0, 2.0)] * 20
-    with pytest.raises(ValueError, match="at least 6 of its 8 spans"):
+    with pytest.raises(ValueError, match="at least 8 of its 12 spans"):
         fit_leak(bursts)
     with pytest.raises(ValueError, match="per request or per token"):
         fit_leak(_load(0), per="step")
@@ -102,7 +102,7 @@ def test_the_budget_holds_the_bound_not_the_slope() -> None:
     noisy = _slope_metric(fit_leak(_load(0.0, noise=256 * 1024, steps=((200, 16 << 20),))), ceiling)
     assert noisy.value > ceiling and check_budget(noisy) is None  # the slope is above, the bound is not
     detail = leak_detail(noisy)
-    assert "lower bound" in detail and "this run's floor" in detail and "over 399 requests (8 levels)" in detail
+    assert "lower bound" in detail and "this run's floor" in detail and "over 399 requests (12 levels)" in detail
     assert leak_detail(Metric("x", 1.0, "B")) == ""
 
 

@@ -148,7 +148,7 @@ def test_the_memory_slope_is_bytes_per_thousand_requests_or_tokens_over_the_meas
     assert abs(memory_slope(flat, done, 10.0).per_1k) < 1e6
     with pytest.raises(ValueError, match="at least 8 completed requests"):
         memory_slope(flat, done[:5], 0.0)
-    with pytest.raises(ValueError, match="at least 16 samples"):
+    with pytest.raises(ValueError, match="at least 24 samples"):
         memory_slope(flat[:3], done, 0.0)
 
 

@@ -17,7 +17,7 @@ above the allowance (the entry's ``memory_slope`` budget), and only then. Its *f
 that this run's scatter would show with :data:`POWER` detection, ``allowance + (t + z(power) * sqrt(1 + t² / 2df))
 * SE`` with ``t`` the one-sided t quantile at ``alpha`` (the normal approximation of the noncentral t: the bound's
 own uncertainty, with few levels, costs detection);
-(slightly conservative: the exact distance at 6 degrees of freedom is 2% shorter); the report prints it beside the
+(slightly conservative: the exact distance at 10 degrees of freedom is about 1% shorter); the report prints it beside the
 verdict, so that a pass reads "no leak of at least FLOOR", not "no leak".
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 from vramgate.core.stats import normal_quantile
 
 #: The measured part's spans, one level each (Note [leak fit]).
-SEGMENTS = 8
+SEGMENTS = 12
 #: The one-sided false-alarm rate of one verdict when the server keeps nothing beyond the allowance.
 ALPHA = 0.001
 #: The detection rate at the floor a run reports (Note [leak fit]).
@@ -40,7 +40,7 @@ POWER = 0.95
 #: What a slope is per: requests completed, or output tokens completed.
 PER = ("request", "token")
 #: The fewest levels a fit takes (spans with fewer than two samples give none).
-LEAST_LEVELS = 6
+LEAST_LEVELS = 8
 #: A slope metric's figures are per 1,000 requests (tokens): its fit's, per one, times this.
 SLOPE_SCALE = 1000.0
 #: The most raw samples a fit keeps for its picture (evenly thinned).
@@ -50,7 +50,7 @@ PICTURE_SAMPLES = 240
 def t_quantile(p: float, df: int) -> float:
     """Student's t quantile at *p* with *df* degrees of freedom (Hill's expansion around the normal quantile: within
     1% of the exact value for df >= 4 and p up to 0.999, low by 0.84% at df 4 and 0.999, 0.1% at df 6; a fit has at
-    least :data:`LEAST_LEVELS` levels, so df >= 4)."""
+    least :data:`LEAST_LEVELS` levels, so df >= 6)."""
     if df < 1:
         raise ValueError(f"t quantile needs at least one degree of freedom, got {df}")
     z = normal_quantile(p)

@@ -184,7 +184,7 @@ input_len = 64
 output_len = 32
 slo = { ttft = "1 s", tpot = "100 ms" }
 [entries.budgets]
-memory_slope = "<= 40 MiB per 1000 requests"
+memory_slope = "<= 24 MiB per 1000 requests"
 
 [[entries]]
 suites = ["serving"]

@@ -222,8 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="the sustained concurrency (the gate's: 8)")
     parser.add_argument("--plants", default=",".join(DEFAULT_PLANTS),
                         help="planted leaks, PER:BYTES, comma-separated (default %(default)s)")
-    parser.add_argument("--allowance-kib", type=float, default=40.0,
-                        help="pre-merge allowance, KiB per request (the serving suite's: 40)")
+    parser.add_argument("--allowance-kib", type=float, default=24.0,
+                        help="pre-merge allowance, KiB per request (the serving suite's: 24)")
     parser.add_argument("--soak-allowance-kib", type=float, default=8.0,
                         help="the soak's allowance, KiB per request (the serving suite's: 8)")
     parser.add_argument("--from", dest="from_json", type=Path, help="analyse a saved leak-floor.json instead")
