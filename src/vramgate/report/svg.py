@@ -202,6 +202,6 @@ def slope_chart(fit: dict[str, Any], *, title: str, ceiling: float | None = None
     for color, name in legend:
         parts.append(f'<rect x="{lx}" y="{height - 16}" width="14" height="4" fill="{color}"/>')
         parts.append(_text(lx + 20, height - 10, name, size=12))
-        lx += 30 + int(len(name) * CHAR_PX)
+        lx += 40 + int(len(name) * 7.2)
     parts.append("</svg>")
     return "\n".join(parts)
