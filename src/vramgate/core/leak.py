@@ -15,10 +15,10 @@ another run.
 The verdict is one-sided, at :data:`ALPHA` (Student's t): the run shows a leak when the slope's lower bound is
 above the allowance (the entry's ``memory_slope`` budget), and only then. Its *floor* is the smallest true slope
 that this run's scatter would show with :data:`POWER` detection, ``allowance + (t + z(power) * sqrt(1 + t² / 2df))
-* SE`` with ``t`` the one-sided t quantile at ``alpha`` (the normal approximation of the noncentral t: the bound's
-own uncertainty, with few levels, costs detection);
-(slightly conservative: the exact distance at 10 degrees of freedom is about 1% shorter); the report prints it beside the
-verdict, so that a pass reads "no leak of at least FLOOR", not "no leak".
+* SE`` with ``t`` the one-sided t quantile at ``alpha``: the normal approximation of the noncentral t (the bound's
+own uncertainty, with few levels, costs detection), slightly conservative (the exact distance at 10 degrees of
+freedom is about 1% shorter). The report prints the floor beside the verdict, so that a pass reads "no leak of at
+least FLOOR", not "no leak".
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def fit_leak(points: Sequence[tuple[float, float]], *, per: str = "request", seg
              alpha: float = ALPHA, warmup: Sequence[tuple[float, float]] = ()) -> LeakFit:
     """The slope of bytes against completed requests (tokens) of *points* (completed, bytes), the measured part of a
     load, fitted to its levels with its standard error (Note [leak fit]); *warmup* is kept for the picture only.
-    ValueError when the points give fewer than four levels."""
+    ValueError when the points give fewer than :data:`LEAST_LEVELS` levels."""
     if per not in PER:
         raise ValueError(f"a memory slope is per {' or per '.join(PER)}, not per {per!r}")
     pts = sorted((float(x), float(y)) for x, y in points)
