@@ -71,8 +71,17 @@ def gate_together(group: str) -> str:
     return group
 
 
+def gate_inputs(*paths: str) -> tuple[str, ...]:
+    """Files of the project (a folder ends in /) this test reads that the gate cannot see by itself: under
+    --gate-affected, a change to one of them keeps the test (Note [each test's inputs])."""
+    if not paths or not all(isinstance(p, str) and p.strip() for p in paths):
+        raise ValueError(f"paths must name files or folders of the project, got {paths!r}")
+    return paths
+
+
 MARKERS: dict[str, Callable[..., object]] = {
     "gate_suite": gate_suite,
+    "gate_inputs": gate_inputs,
     "gate_nightly": gate_nightly,
     "gate_reference": gate_reference,
     "gate_together": gate_together,

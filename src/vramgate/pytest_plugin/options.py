@@ -71,6 +71,12 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("gate_baselines_ref", default=None, help="default of --gate-baselines-ref")
     group.addoption(
+        "--gate-affected", dest="gate_affected", default=None, metavar="REF",
+        help="run only the tests whose inputs differ between git REF's merge base with HEAD (a PR's base) and the "
+             "working tree, and the references their profiles pair with; every test where a file every test "
+             "reads changed, or where the gate cannot tell (docs/running.md, 'What a change touches')",
+    )
+    group.addoption(
         "--gate-plan", dest="gate_plan", action="store_true", default=False,
         help="after collection, say which tests this machine's GPUs would run and why the others would skip "
              "(with --collect-only: a dry run of a GPU runner)",
@@ -133,6 +139,8 @@ class GateOptions:
     """``--gate-compute-tier``: the tier whose portable figures are computed here (Note [a tier's portable figures
     computed on CPU]), or None."""
     baselines_ref: str | None
+    affected: str | None
+    """``--gate-affected``: the ref whose changes select the tests, or None (every test)."""
     require_hardware: bool
     shard: tuple[int, int] | None
     hygiene: bool
@@ -201,6 +209,9 @@ def read_options(config: pytest.Config) -> GateOptions:
         # The variable alone names it too (a parent run, a CI job): checked and recorded as the option would be.
         engine_python, python_dir = os.environ[ENGINE_PYTHON_VAR], config.invocation_params.dir
     upgrade_from, from_dir = opt("gate_upgrade_from")
+    affected = config.getoption("gate_affected") or None
+    if affected:
+        asked.append("gate_affected")
     plan = bool(config.getoption("gate_plan"))
     if plan:
         asked.append("gate_plan")
@@ -222,6 +233,7 @@ def read_options(config: pytest.Config) -> GateOptions:
         update_scope=update_scope,
         compute_tier=compute_tier or None,
         baselines_ref=ref or None,
+        affected=affected,
         require_hardware=bool(require),
         shard=parse_shard(shard) if shard else None,
         hygiene=(hygiene or "on") != "off",

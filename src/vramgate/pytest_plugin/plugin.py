@@ -201,6 +201,8 @@ class GatePlugin:
                     resolve(config.rootpath, gs.baselines_ref, gs.baselines_dir)
                 except RefError as exc:
                     raise pytest.UsageError(str(exc)) from None
+        if gs.options.affected:
+            self._keep_affected(config, items)
         if gs.options.shard is None:
             return
         # Note [shards]: round-robin over the sorted node ids: every shard of one run
@@ -212,6 +214,44 @@ class GatePlugin:
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+    def _keep_affected(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """``--gate-affected REF``: deselect the tests whose inputs the change does not touch (Note [each test's
+        inputs]); the selection goes into the report, and with ``--gate-plan`` each test's reason is shown."""
+        from vramgate.pytest_plugin.affected import declared_inputs, plan_lines, select
+        from vramgate.store.changes import ChangeError, changed_files
+
+        gs = self.session
+        ref = gs.options.affected
+        assert ref is not None
+        try:
+            changes = changed_files(config.rootpath, ref)
+        except ChangeError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        try:
+            folder = gs.baselines_dir.resolve().relative_to(config.rootpath.resolve()).as_posix()
+        except ValueError:
+            folder = ""
+
+        def inputs_of(item: pytest.Item) -> list[Any]:
+            found = declared_inputs(item)
+            for listed in config.hook.pytest_vramgate_test_inputs(item=item):
+                found += list(listed or ())
+            return found
+
+        selection = select(items, changes, config.rootpath, baselines_folder=folder, suite_of=gs.suite_for,
+                           inputs_of=inputs_of)
+        gs.affected = selection.to_json()
+        left = set(selection.left_out)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and not hasattr(config, "workerinput"):
+            lines = (plan_lines(selection, verbose=config.option.verbose > 0) if gs.options.plan
+                     else [selection.line()])
+            for line in lines:
+                reporter.write_line(line)
+        if left:
+            config.hook.pytest_deselected(items=[i for i in items if i.nodeid in left])
+            items[:] = [i for i in items if i.nodeid not in left]
 
     # -- running -------------------------------------------------------------------
 
@@ -326,7 +366,8 @@ class GatePlugin:
         if workeroutput is not None:
             from vramgate.pytest_plugin.transport import results_json
 
-            workeroutput["vramgate"] = json.dumps(results_json(gs.results, gs.claims, gs.written, gs.errors))
+            workeroutput["vramgate"] = json.dumps({**results_json(gs.results, gs.claims, gs.written, gs.errors),
+                                                   "affected": gs.affected})
             return
         if gs.baselines_ref and gs.active:
             from vramgate.store.moves import RefError, moved
@@ -338,7 +379,7 @@ class GatePlugin:
         problem = gs.version_problem()
         if problem:
             gs.errors.append(problem)
-        if gs.report_dir is not None and (gs.results or gs.claims or gs.moves):
+        if gs.report_dir is not None and (gs.results or gs.claims or gs.moves or gs.affected):
             from vramgate.report import write_report
 
             try:
@@ -383,12 +424,13 @@ class GatePlugin:
         gs.claims += claims
         gs.written += written
         gs.errors += errors
+        gs.affected = gs.affected or json.loads(text).get("affected")
         gs.active = gs.active or bool(results or claims)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """The gate's section of the terminal summary."""
         gs = self.session
-        if not gs.results and not gs.errors and not gs.claims and not gs.moves:
+        if not gs.results and not gs.errors and not gs.claims and not gs.moves and not gs.affected:
             return
         from vramgate.report import terminal_summary
 

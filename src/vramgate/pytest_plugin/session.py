@@ -86,6 +86,9 @@ class GateSession:
         """The tier whose portable figures this session computes here (Note [a tier's portable figures computed on
         CPU] in :mod:`vramgate.machine.hardware`), or None."""
         self.moves: list[Move] | None = None
+        self.affected: dict[str, Any] | None = None
+        """``--gate-affected``'s selection as ``report.json``'s ``affected`` (from this process's collection or an
+        xdist worker's), None without the option."""
         """Baseline metrics that differ between ``baselines_ref`` and the tree (:mod:`vramgate.store.moves`)."""
         self.active = bool(options.asked)
         """Note [inert until asked]: the gate reads baselines, probes hardware, checks hygiene and writes a
@@ -479,6 +482,7 @@ class GateSession:
             written=[self.rel(p) for p in sorted(set(self.written))],
             baselines_ref=self.baselines_ref,
             moves=self.moves,
+            affected=self.affected,
             report_file=str(self.report_dir / "report.md") if self.report_dir and self.report_written else None,
             errors=list(self.errors),
             durations=dict(self.durations),

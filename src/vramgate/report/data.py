@@ -83,6 +83,7 @@ def report_data(summary: Summary) -> dict[str, Any]:
         ),
         "baselines_written": sorted(set(summary.written)),
         "moved_baselines": summary.moved_json(),
+        **({"affected": summary.affected} if summary.affected is not None else {}),
         "durations": {k: round(v, 3) for k, v in sorted(summary.durations.items())},
     }
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from vramgate.report.chart import changed_bars
 from vramgate.report.mermaid import mermaid_section
-from vramgate.report.summary import accept_command
+from vramgate.report.summary import accept_command, affected_line
 from vramgate.report.table import HEAD, Row, cells, coverage_lines, moved_cells, sorted_rows
 
 
@@ -41,6 +41,9 @@ def markdown(data: dict[str, Any], plot: str | None) -> str:
     hw = data["hardware"]
     for line in coverage_lines(rows, data["accept_args"], hw.get("tier", "?"), hw.get("key", "?")):
         out += [f"> **{line[3:]}**" if line.startswith("!!") else line, ""]
+    affected = affected_line(data.get("affected"))
+    if affected:
+        out += [f"> {affected[0].upper()}{affected[1:]}.", ""]
     moved = data.get("moved_baselines")
     if moved and moved["metrics"]:
         # First, above everything: a change that moves its own baselines must be seen by its reviewer.

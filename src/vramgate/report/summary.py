@@ -115,6 +115,9 @@ class Summary:
     """Baseline metrics that differ between ``baselines_ref`` and the tree; None without a ref."""
     report_file: str | None = None
     """The ``report.md`` written by this run, if any."""
+    affected: dict[str, Any] | None = None
+    """``--gate-affected``: the ref, its merge base, why every test ran (or None), how many were kept and the
+    node ids left out; None without the option."""
     errors: list[str] = field(default_factory=list)
     durations: dict[str, float] = field(default_factory=dict)
     """Seconds per test (setup, call and teardown) of every test run (Note [longest first])."""
@@ -142,3 +145,16 @@ class Summary:
                                                            judged_acceptable=f.verdict not in ACCEPTABLE)
             out.append(move.to_json(f.metric if f else None, matches))
         return {"ref": self.baselines_ref, "metrics": out}
+
+
+def affected_line(affected: dict[str, Any] | None) -> str | None:
+    """The line every summary carries under ``--gate-affected``: what it left out (or why it ran everything), and
+    against which base; None without the option."""
+    if not affected:
+        return None
+    base = str(affected.get("base") or "?")[:12]
+    if affected.get("everything"):
+        return f"ran every test: {affected['everything']} (against {affected.get('ref')}, base {base})"
+    left = len(affected.get("left_out") or [])
+    return (f"left out: {left} test(s) whose inputs this change does not touch (base {base}); ran "
+            f"{affected.get('kept', 0)}; pushes to main and the nightly run take them all")

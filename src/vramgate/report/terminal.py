@@ -7,7 +7,15 @@ from typing import Any
 
 from vramgate.core.checks import TOO_NOISY, paired_noise
 from vramgate.core.metrics import format_change, format_value
-from vramgate.report.summary import ACCEPTABLE, Hardware, NodeSummary, Summary, accept_command, verdict_rank
+from vramgate.report.summary import (
+    ACCEPTABLE,
+    Hardware,
+    NodeSummary,
+    Summary,
+    accept_command,
+    affected_line,
+    verdict_rank,
+)
 from vramgate.report.table import coverage_lines, moved_lines, rows_of, sorted_rows, text_table
 
 
@@ -86,6 +94,9 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
         tr.write_line(line, red=line.startswith("!!"), bold=line.startswith("!!"))
     hw = summary.hardware
     tr.write_line(f"hardware: {hw.key} ({hw.source}); tier: {hw.tier}; baselines: {summary.baselines_dir}")
+    affected = affected_line(summary.affected)
+    if affected:
+        tr.write_line(affected, yellow=True)
     for nodeid, claim in sorted(summary.claims, key=lambda c: (c[0], c[1].statement)):
         mark = claim.verdict.upper()
         tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=claim.judged and not claim.held)

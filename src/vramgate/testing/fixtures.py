@@ -14,6 +14,7 @@ import pytest
 
 from vramgate.engine import EngineCache
 from vramgate.profiles import Profile
+from vramgate.pytest_plugin.affected import TestInput
 from vramgate.pytest_plugin.plugin import gate_session
 from vramgate.runtime import engine_env
 from vramgate.runtime.vllm_env import vllm_environment
@@ -22,12 +23,13 @@ from vramgate.testing.matrix import (
     ENTRY_MARKER_HELP,
     MATRIX_OPTION,
     budgets_hook,
+    entry_inputs,
     parametrize_matrix,
     session_matrix,
 )
 from vramgate.testing.matrix import MARKER_HELP as MATRIX_MARKER_HELP
 from vramgate.testing.models import ModelLoader
-from vramgate.testing.profiles import ARGNAME, MARKER_HELP, parametrize_profiles, version_problem
+from vramgate.testing.profiles import ARGNAME, MARKER_HELP, parametrize_profiles, profile_inputs, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns
 from vramgate.testing.serving import Servers
 from vramgate.testing.simulator import Simulator
@@ -61,6 +63,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     and those marked ``gate_matrix``."""
     parametrize_profiles(metafunc)
     parametrize_matrix(metafunc)
+
+
+def pytest_vramgate_test_inputs(item: pytest.Item) -> list[TestInput]:
+    """A case's profile folders and matrix entry, for ``--gate-affected`` (Note [each test's inputs])."""
+    return profile_inputs(item, item.config.getoption(PROFILE_OPTION, None)) + entry_inputs(item)
 
 
 @pytest.hookimpl(wrapper=True)

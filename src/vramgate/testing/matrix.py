@@ -20,6 +20,7 @@ become ceilings and floors of the metrics the test recorded under the same names
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Generator
@@ -39,9 +40,12 @@ from vramgate.matrix import (
     collection_problem,
     gpu_count_problem,
     missing_trace,
+    parse_matrix,
     project_matrix,
 )
+from vramgate.pytest_plugin.affected import TestInput
 from vramgate.pytest_plugin.fixture import Gate
+from vramgate.store.changes import ChangeSet
 from vramgate.testing import matrix_suites  # noqa: F401 - registers the repository's suites
 
 #: The mark's line in ``pytest --markers``.
@@ -235,6 +239,32 @@ def case_entry(item: pytest.Item) -> Entry | None:
     """The matrix entry of a ``gate_matrix`` case, or None."""
     mark = item.get_closest_marker("gate_matrix_entry")
     return mark.args[0] if mark is not None else None
+
+
+def entry_inputs(item: pytest.Item) -> list[TestInput]:
+    """A matrix case's input (Note [each test's inputs]): its entry, which a change keeps it for only when no
+    entry of the matrix at the change's base is the same (its place in the file aside)."""
+    entry = case_entry(item)
+    if entry is None:
+        return []
+    matrix = session_matrix(item.config)
+    root = item.config.rootpath
+    path = Path(matrix.source)
+    try:
+        rel = (path if path.is_absolute() else root / path).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return []  # a matrix outside the project: vramgate's own default, or a file the change cannot touch
+
+    def same(entry: Entry) -> str:
+        return repr(dataclasses.replace(entry, index=0))
+
+    def unchanged(changes: ChangeSet) -> bool:
+        text = changes.at_base(rel)
+        if text is None:
+            return False
+        return same(entry) in {same(e) for e in parse_matrix(text, rel, root).entries}
+
+    return [TestInput(f"its matrix entry ({rel}: entries[{entry.index}])", (rel,), unchanged)]
 
 
 def give_budgets(gate: Gate, budgets: tuple[Budget, ...], where: str) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from vramgate.engine import EngineSpec
 from vramgate.profiles import Profile, load_profiles, profiles_for_suite, requirement_problem
+from vramgate.pytest_plugin.affected import TestInput
 
 #: The argument the mark parametrizes.
 ARGNAME = "profile"
@@ -57,6 +58,25 @@ def parametrize_profiles(metafunc: pytest.Metafunc) -> None:
     if ARGNAME not in metafunc.fixturenames:
         raise pytest.UsageError(f"{nodeid}: marked gate_profiles but takes no argument {ARGNAME!r}")
     metafunc.parametrize(ARGNAME, profile_params(metafunc.config.rootpath, mark, nodeid))
+
+
+def profile_inputs(item: pytest.Item, session_profile: str | None) -> list[TestInput]:
+    """The profile folders a case runs (Note [each test's inputs]): its ``profile`` argument's, and the one
+    ``--gate-profile`` applies to every engine (*session_profile*)."""
+    root = item.config.rootpath.resolve()
+    callspec = getattr(item, "callspec", None)
+    profile = callspec.params.get(ARGNAME) if callspec is not None else None
+    out: list[TestInput] = []
+    if isinstance(profile, Profile):
+        try:
+            folder = profile.path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            folder = None
+        if folder:
+            out.append(TestInput(f"profile {profile.name}", (folder + "/",)))
+    if session_profile:
+        out.append(TestInput(f"profile {session_profile} (--gate-profile)", (f"patches/{session_profile}/",)))
+    return out
 
 
 def skip_unmet(profile: Profile | None) -> None:
