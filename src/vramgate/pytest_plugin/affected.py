@@ -93,6 +93,16 @@ class Selection:
 
         return affected_line(self.to_json()) or ""
 
+    def time_line(self, durations: dict[str, float]) -> str:
+        """What the kept tests took of the whole set's time, by the measured seconds in *durations* (a test not
+        measured counts as the median of those that were)."""
+        known = sorted(durations.values())
+        median = known[len(known) // 2] if known else 0.0
+        whole = sum(durations.get(d.nodeid, median) for d in self.decisions)
+        kept = sum(durations.get(d.nodeid, median) for d in self.decisions if d.kept)
+        share = f" ({kept / whole:.0%})" if whole > 0 else ""
+        return f"the kept tests took {kept:.0f} s of the {whole:.0f} s the whole set took when measured{share}"
+
     def to_json(self) -> dict[str, Any]:
         """As ``report.json``'s ``affected``."""
         return {"ref": self.ref, "base": self.base, "everything": self.everything,

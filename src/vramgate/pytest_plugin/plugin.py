@@ -247,6 +247,8 @@ class GatePlugin:
         if reporter is not None and not hasattr(config, "workerinput"):
             lines = (plan_lines(selection, verbose=config.option.verbose > 0) if gs.options.plan
                      else [selection.line()])
+            if gs.options.durations:
+                lines.append(selection.time_line(gs.options.durations))
             for line in lines:
                 reporter.write_line(line)
         if left:
@@ -390,6 +392,8 @@ class GatePlugin:
                                  "(the previous report there, if any, is unchanged)")
         if gs.options.exports and gs.results:
             self._write_exports()
+        if gs.affected and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and gs.affected.get("left_out"):
+            session.exitstatus = pytest.ExitCode.OK  # the change touches no test's input: nothing to run is a pass
         if gs.errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
