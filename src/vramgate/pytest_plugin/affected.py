@@ -24,12 +24,15 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from vramgate.store.baselines import BaselineError, parse_baseline
 from vramgate.store.changes import ChangeSet, reach
+
+if TYPE_CHECKING:
+    from vramgate.pytest_plugin.session import GateSession
 
 #: The argument of a case that runs an optimization profile (a reference case has None).
 PROFILE_ARG = "profile"
@@ -226,8 +229,8 @@ def select(items: Iterable[pytest.Item], changes: ChangeSet, root: Path, *, base
             why = _baselines(item, suite_of(item), baselines_folder, changes)
         decided[item.nodeid] = Decision(item.nodeid, why is not None, why or "no input of it changed")
     kept_groups = {_group(i) for i in items
-                   if decided[i.nodeid].kept and getattr(i, "callspec", None) is not None
-                   and i.callspec.params.get(PROFILE_ARG) is not None}
+                   if decided[i.nodeid].kept and getattr(getattr(i, "callspec", None), "params", {}).get(PROFILE_ARG)
+                   is not None}
     for item in items:
         d = decided[item.nodeid]
         if not d.kept and item.get_closest_marker("gate_reference") is not None and _group(item) in kept_groups:
@@ -258,3 +261,41 @@ def plan_lines(selection: Selection, *, verbose: bool) -> list[str]:
         else:
             lines += [f"  {n} {why}" for why, n in sorted(reasons.items())]
     return lines
+
+
+def keep_affected(config: pytest.Config, items: list[pytest.Item], gs: GateSession) -> None:
+    """``--gate-affected REF``: deselect the tests whose inputs the change does not touch; the selection goes into
+    *gs* (for the report), and the terminal says what was kept (with ``--gate-plan``, why, per test with ``-v``)."""
+    from vramgate.store.changes import ChangeError, changed_files
+
+    ref = gs.options.affected
+    assert ref is not None
+    try:
+        changes = changed_files(config.rootpath, ref)
+    except ChangeError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    try:
+        folder = gs.baselines_dir.resolve().relative_to(config.rootpath.resolve()).as_posix()
+    except ValueError:
+        folder = ""
+
+    def inputs_of(item: pytest.Item) -> list[TestInput]:
+        found = declared_inputs(item)
+        for listed in config.hook.pytest_vramgate_test_inputs(item=item):
+            found += list(listed or ())
+        return found
+
+    selection = select(items, changes, config.rootpath, baselines_folder=folder, suite_of=gs.suite_for,
+                       inputs_of=inputs_of)
+    gs.affected = selection.to_json()
+    left = set(selection.left_out)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not hasattr(config, "workerinput"):
+        lines = plan_lines(selection, verbose=config.option.verbose > 0) if gs.options.plan else [selection.line()]
+        if gs.options.durations:
+            lines.append(selection.time_line(gs.options.durations))
+        for line in lines:
+            reporter.write_line(line)
+    if left:
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in left])
+        items[:] = [i for i in items if i.nodeid not in left]

@@ -1,10 +1,9 @@
 """The vramgate pytest plugin: its hooks and the ``gate`` fixture.
 
-Registered through the ``pytest11`` entry point ``vramgate``; disable with
-``-p no:vramgate``. Session state lives in one
-:class:`~vramgate.pytest_plugin.session.GateSession` registered with the plugin
-manager under :data:`SESSION_NAME`; the gate's hooks are :class:`GatePlugin`,
-hygiene's are :class:`~vramgate.pytest_plugin.hygiene.HygienePlugin`.
+Registered through the ``pytest11`` entry point ``vramgate``; disable with ``-p no:vramgate``. Session state lives
+in one :class:`~vramgate.pytest_plugin.session.GateSession` registered with the plugin manager under
+:data:`SESSION_NAME`; the gate's hooks are :class:`GatePlugin`, hygiene's are
+:class:`~vramgate.pytest_plugin.hygiene.HygienePlugin`.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import pytest
 
 from vramgate.machine import hardware, isa
 from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
+from vramgate.pytest_plugin.affected import keep_affected
 from vramgate.pytest_plugin.allocator_snapshots import HISTORY_FOLDER, CallHistory, MemoryHistory, apply_engine_switch
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.pytest_plugin.hygiene import HygienePlugin
@@ -201,8 +201,8 @@ class GatePlugin:
                     resolve(config.rootpath, gs.baselines_ref, gs.baselines_dir)
                 except RefError as exc:
                     raise pytest.UsageError(str(exc)) from None
-        if gs.options.affected:
-            self._keep_affected(config, items)
+        if gs.options.affected:  # Note [each test's inputs]
+            keep_affected(config, items, gs)
         if gs.options.shard is None:
             return
         # Note [shards]: round-robin over the sorted node ids: every shard of one run
@@ -214,46 +214,6 @@ class GatePlugin:
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
-
-    def _keep_affected(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """``--gate-affected REF``: deselect the tests whose inputs the change does not touch (Note [each test's
-        inputs]); the selection goes into the report, and with ``--gate-plan`` each test's reason is shown."""
-        from vramgate.pytest_plugin.affected import declared_inputs, plan_lines, select
-        from vramgate.store.changes import ChangeError, changed_files
-
-        gs = self.session
-        ref = gs.options.affected
-        assert ref is not None
-        try:
-            changes = changed_files(config.rootpath, ref)
-        except ChangeError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        try:
-            folder = gs.baselines_dir.resolve().relative_to(config.rootpath.resolve()).as_posix()
-        except ValueError:
-            folder = ""
-
-        def inputs_of(item: pytest.Item) -> list[Any]:
-            found = declared_inputs(item)
-            for listed in config.hook.pytest_vramgate_test_inputs(item=item):
-                found += list(listed or ())
-            return found
-
-        selection = select(items, changes, config.rootpath, baselines_folder=folder, suite_of=gs.suite_for,
-                           inputs_of=inputs_of)
-        gs.affected = selection.to_json()
-        left = set(selection.left_out)
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and not hasattr(config, "workerinput"):
-            lines = (plan_lines(selection, verbose=config.option.verbose > 0) if gs.options.plan
-                     else [selection.line()])
-            if gs.options.durations:
-                lines.append(selection.time_line(gs.options.durations))
-            for line in lines:
-                reporter.write_line(line)
-        if left:
-            config.hook.pytest_deselected(items=[i for i in items if i.nodeid in left])
-            items[:] = [i for i in items if i.nodeid not in left]
 
     # -- running -------------------------------------------------------------------
 
@@ -392,7 +352,7 @@ class GatePlugin:
                                  "(the previous report there, if any, is unchanged)")
         if gs.options.exports and gs.results:
             self._write_exports()
-        if gs.affected and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and gs.affected.get("left_out"):
+        if gs.affected and gs.affected["left_out"] and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             session.exitstatus = pytest.ExitCode.OK  # the change touches no test's input: nothing to run is a pass
         if gs.errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

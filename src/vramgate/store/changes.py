@@ -101,7 +101,7 @@ def reach(path: str, baselines: str = "baselines") -> Reach:
         return Reach("some", "a profile's file" if parts[0] == "patches" else "a fixture's file")
     if path == "vramgate.toml":
         return Reach("some", "the matrix (vramgate.toml)")
-    return Reach("every", "a file no rule of the gate knows (it runs everything where it cannot tell)")
+    return Reach("every", "a file no rule of the gate knows")
 
 
 @dataclass(frozen=True)
