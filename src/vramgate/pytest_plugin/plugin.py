@@ -383,12 +383,11 @@ class GatePlugin:
         from vramgate.pytest_plugin.transport import results_from
 
         gs = self.session
-        results, claims, written, errors = results_from(json.loads(text), NodeResult)
-        gs.results += results
-        gs.claims += claims
-        gs.written += written
-        gs.errors += errors
-        gs.affected = gs.affected or json.loads(text).get("affected")
+        data = json.loads(text)
+        results, claims, written, errors = results_from(data, NodeResult)
+        gs.results, gs.claims, gs.written, gs.errors = gs.results + results, gs.claims + claims, \
+            gs.written + written, gs.errors + errors
+        gs.affected = gs.affected or data.get("affected")
         gs.active = gs.active or bool(results or claims)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
