@@ -268,3 +268,21 @@ def test_under_xdist_the_report_says_what_was_left_out(repo: pytest.Pytester, on
     assert len(data["affected"]["left_out"]) == (5 if only_docs else 4)
     result.stdout.fnmatch_lines([f"*left out: {5 if only_docs else 4} test(s) whose inputs this change does not "
                                  "touch*"])
+
+
+def test_the_changes_command_tells_a_workflow_which_jobs_a_change_needs(repo: pytest.Pytester, tmp_path: Path) -> None:
+    from vramgate.tools.cli import main
+
+    out = tmp_path / "github-output"
+    change(repo.path, "docs/guide.md")
+    assert main(["changes", "main", "--root", str(repo.path), "--github-output", str(out)]) == 0
+    assert out.read_text() == "tests=false\ngate=false\n"
+    change(repo.path, "tests/test_new.py")
+    out.unlink()
+    assert main(["changes", "main", "--root", str(repo.path), "--github-output", str(out)]) == 0
+    assert out.read_text() == "tests=true\ngate=false\n"
+    change(repo.path, "patches/p1/manifest.toml")
+    out.unlink()
+    assert main(["changes", "main", "--root", str(repo.path), "--github-output", str(out)]) == 0
+    assert out.read_text() == "tests=true\ngate=true\n"
+    assert main(["changes", "nowhere", "--root", str(repo.path)]) == 1

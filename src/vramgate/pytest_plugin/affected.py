@@ -273,7 +273,7 @@ def keep_affected(config: pytest.Config, items: list[pytest.Item], gs: GateSessi
     try:
         changes = changed_files(config.rootpath, ref)
     except ChangeError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise pytest.UsageError(f"--gate-affected {exc}") from None
     try:
         folder = gs.baselines_dir.resolve().relative_to(config.rootpath.resolve()).as_posix()
     except ValueError:

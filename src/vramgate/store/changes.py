@@ -152,22 +152,22 @@ def changed_files(root: Path, ref: str) -> ChangeSet:
     try:
         top = Path(git(root, "rev-parse", "--show-toplevel").strip())
     except GitError as exc:
-        raise ChangeError(f"--gate-affected {ref}: {root} is not in a git repository ({exc})") from None
+        raise ChangeError(f"{ref!r}: {root} is not in a git repository ({exc})") from None
     try:
         git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     except GitError:
-        raise ChangeError(f"--gate-affected {ref!r}: not a commit of {top} (fetch it first, e.g. git fetch origin "
+        raise ChangeError(f"{ref!r}: not a commit of {top} (fetch it first, e.g. git fetch origin "
                           f"{ref}; a shallow clone needs fetch-depth: 0)") from None
     try:
         base = git(root, "merge-base", ref, "HEAD").strip()
     except GitError as exc:
-        raise ChangeError(f"--gate-affected {ref!r}: no merge base with HEAD in {top} ({exc}; a shallow clone "
+        raise ChangeError(f"{ref!r}: no merge base with HEAD in {top} ({exc}; a shallow clone "
                           "needs the history back to it)") from None
     try:
         listed = _lines(git(top, "diff", "--name-only", "--no-renames", "-z", base, "--"))
         listed += _lines(git(top, "ls-files", "--others", "--exclude-standard", "-z"))
     except GitError as exc:
-        raise ChangeError(f"--gate-affected {ref!r}: git could not list the changes in {top}: {exc}") from None
+        raise ChangeError(f"{ref!r}: git could not list the changes in {top}: {exc}") from None
     try:
         prefix = root.resolve().relative_to(top.resolve()).as_posix()
     except ValueError:

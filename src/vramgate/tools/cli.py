@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from vramgate.tools.commands import (
     baselines,
     calibrate,
+    changes,
     doctor,
     engine,
     gpu_cleanup,
@@ -27,7 +28,7 @@ from vramgate.tools.commands import (
 
 #: The command modules, in the order ``vramgate --help`` lists their commands.
 COMMANDS = (hardware, doctor, simulate, engine, patches, report, history, baselines, gpu_cleanup, calibrate, plan,
-            install_engine, upgrade, trace, matrix)
+            install_engine, upgrade, trace, matrix, changes)
 
 
 def build_parser() -> argparse.ArgumentParser:
