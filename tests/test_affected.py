@@ -286,3 +286,18 @@ def test_the_changes_command_tells_a_workflow_which_jobs_a_change_needs(repo: py
     assert main(["changes", "main", "--root", str(repo.path), "--github-output", str(out)]) == 0
     assert out.read_text() == "tests=true\ngate=true\n"
     assert main(["changes", "nowhere", "--root", str(repo.path)]) == 1
+
+
+def test_the_workflows_run_what_a_pull_request_touches_and_everything_on_main() -> None:
+    yaml = pytest.importorskip("yaml")
+    cpu = yaml.safe_load((ROOT / ".github" / "workflows" / "cpu.yml").read_text())
+    steps = {s.get("name"): s for s in cpu["jobs"]["gate"]["steps"]}
+    assert steps["What the change touches"]["if"] == "github.event_name == 'pull_request'"
+    assert steps["Harness tests"]["if"] == "steps.changes.outputs.tests != 'false'"
+    assert steps["CPU gate"]["if"] == "steps.changes.outputs.gate != 'false'"
+    # the base is set on pull requests only: pushes to main and the schedule run every test
+    assert "--gate-affected \"$BASE_SHA\"" in steps["CPU gate"]["run"]
+    assert steps["CPU gate"]["env"]["BASE_SHA"] == "${{ github.event.pull_request.base.sha }}"
+    assert "nothing to run" in steps["Say what a docs-only change left out"]["run"]
+    gpu = (ROOT / ".github" / "workflows" / "gpu-gate.yml").read_text()
+    assert "--gate-affected \"$BASE_SHA\"" in gpu and "BASE_SHA: ${{ github.event.pull_request.base.sha }}" in gpu
