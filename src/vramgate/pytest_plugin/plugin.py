@@ -18,6 +18,7 @@ import pytest
 
 from vramgate.machine import hardware, isa
 from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
+from vramgate.pytest_plugin import hookspecs
 from vramgate.pytest_plugin.affected import keep_affected
 from vramgate.pytest_plugin.allocator_snapshots import HISTORY_FOLDER, CallHistory, MemoryHistory, apply_engine_switch
 from vramgate.pytest_plugin.fixture import Gate
@@ -36,8 +37,6 @@ HISTORY_KEY = pytest.StashKey[CallHistory]()
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     """Declare the gate's own hooks (:mod:`vramgate.pytest_plugin.hookspecs`)."""
-    from vramgate.pytest_plugin import hookspecs
-
     pluginmanager.add_hookspecs(hookspecs)
 
 
@@ -181,8 +180,9 @@ class GatePlugin:
         for line in lines:
             reporter.write_line(line)
 
+    @pytest.hookimpl(trylast=True)  # after -m and -k: what they deselect is neither affected nor sharded
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Check the marks, validate baselines (and the ref) where the gate is in use, and keep this shard's."""
+        """Check marks, and baselines (and the ref) where the gate is in use; keep what a change touches, a shard."""
         gs = self.session
         for item in items:
             for mark in item.iter_markers():
