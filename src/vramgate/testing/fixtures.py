@@ -65,6 +65,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     parametrize_matrix(metafunc)
 
 
+@pytest.hookimpl(optionalhook=True)  # the suites' plugin also runs without the gate's (-p no:vramgate)
 def pytest_vramgate_test_inputs(item: pytest.Item) -> list[TestInput]:
     """A case's profile folders and matrix entry, for ``--gate-affected`` (Note [each test's inputs])."""
     return profile_inputs(item, item.config.getoption(PROFILE_OPTION, None)) + entry_inputs(item)
