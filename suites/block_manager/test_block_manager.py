@@ -30,10 +30,8 @@ from vramgate.testing import (
     unpaired_latency_tolerance,
 )
 
-#: Requests of the simulated trace. 2,000 keep every verdict that 5,000 gave at 40% of the time: the pool is full
-#: after the first few hundred requests either way, and each figure a claim names moves by under 1% as a ratio
-#: (watermark preemptions 0.0027x at 2,000 vs 0.0036x at 5,000; min-recompute preempted requests 0.685x vs 0.689x,
-#: preemptions 2.22x vs 2.22x, recomputed tokens 0.944x vs 0.931x: docs/running.md, "Where the time goes").
+#: Requests of the simulated trace: 2,000 keep every claim's verdict that 5,000 gave (docs/running.md, "How big each
+#: measured run is").
 SIM_REQUESTS = 2000
 SIM_KV_BLOCKS = 4096
 #: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).

@@ -32,8 +32,8 @@ from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
 from vramgate.sim.simulator import SimResult, SimulationError, simulate
 from vramgate.workloads import Workload
 
-#: How long a child simulation may run (a 5,000-request trace takes 25-35 s on the AVX-512 EPYC, about a minute
-#: on the AVX2 one).
+#: How long a child simulation may run, far above what the suites' traces take (docs/engine.md, "What a simulation
+#: costs").
 TIMEOUT_S = 900.0
 
 
