@@ -120,3 +120,28 @@ def test_backends_the_profiles_name_exist() -> None:
 
     names = {e.name for e in AttentionBackendEnum}
     assert {"FLASHMLA", "TRITON_MLA", "FLASH_ATTN"} <= names
+
+
+def test_the_logprob_rank_helper_is_compiled_and_runs_eagerly_with_dynamo_off() -> None:
+    """Note [eager sampler helpers] in vramgate.engine.worker: vLLM's sampler counts each sampled token's rank with a
+    ``torch.compile``d helper when logprobs are asked for; with Dynamo off (as the worker sets it for an eager CPU
+    engine) the same helper compiles no graph and gives the same counts."""
+    import torch
+    from torch._dynamo.utils import counters
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs
+
+    helper = logprobs.batched_count_greater_than
+    assert getattr(helper, "_torchdynamo_orig_callable", None) is not None, "the rank helper is no longer compiled"
+    assert sampler.batched_count_greater_than is helper, "the sampler counts ranks with another function"
+    x = torch.tensor([[0.1, 0.5, 0.3, 0.9], [0.2, 0.2, 0.7, 0.1]])
+    values = torch.tensor([[0.5], [0.2]])
+    graphs = counters["stats"]["unique_graphs"]
+    before = torch._dynamo.config.disable
+    torch._dynamo.config.disable = True
+    try:
+        counts = helper(x, values)
+    finally:
+        torch._dynamo.config.disable = before
+    assert counts.tolist() == [2, 3]
+    assert counters["stats"]["unique_graphs"] == graphs, "the helper was compiled with Dynamo off"

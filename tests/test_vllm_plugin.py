@@ -165,6 +165,42 @@ def test_the_engine_driver_leaves_cuda_alone_until_vllm_started_its_workers(
     assert seen["environ"].get(MEMORY_HOOKS_ENV) == "1", "the ranks vLLM starts are not asked for the hooks"
 
 
+@pytest.mark.parametrize(("tier", "eager", "off"), [("cpu", True, True), ("cpu", False, False), ("gpu", True, False)])
+def test_dynamo_is_off_for_an_eager_cpu_engine(tier: str, eager: bool, off: bool, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [eager sampler helpers] in vramgate.engine.worker: an eager CPU engine runs vLLM's compiled sampler
+    helpers as plain torch (Dynamo off before vLLM starts); a compiled CPU engine and a GPU engine keep Dynamo."""
+    from vramgate.engine import worker
+
+    spec = EngineSpec(model="tiny-llama", kv_budget_gib=0.25, requests=2, max_model_len=512,
+                      max_num_batched_tokens=512, enforce_eager=eager)
+    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VRAMGATE_MEMORY_HOOKS"):
+        monkeypatch.delenv(key, raising=False)  # restored after the test, whatever run() sets
+    seen: dict[str, Any] = {}
+    config = SimpleNamespace(disable=False)
+
+    class LLM:
+        def __init__(self, **kwargs: Any) -> None:
+            seen["disable"] = config.disable
+            raise _Started
+
+    fake_modules(monkeypatch, {
+        "vllm": {"LLM": LLM, "SamplingParams": dict},
+        "vllm.platforms": {"current_platform": SimpleNamespace(
+            get_device_total_memory=lambda device_id=0: 80 * GIB, is_cpu=lambda: tier == "cpu")},
+    })
+    touched: list[str] = []
+    torch = _fake_torch(touched)
+    torch.cuda.is_available = lambda: tier == "gpu"
+    torch._dynamo = SimpleNamespace(config=config)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr("vramgate.engine.spec.engine_tier", lambda: tier)
+    monkeypatch.setattr(worker, "install_hooks", lambda: None)
+    with pytest.raises(_Started):
+        worker.run(spec, ROOT)
+    assert seen["disable"] is off
+
+
 # -- The load's peak: the engine's own memory, as vLLM budgets it
 
 

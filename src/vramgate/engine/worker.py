@@ -23,6 +23,17 @@ initializes CUDA before the engine has started its ranks: the device's size come
 :func:`vramgate.engine.runner.engine_process_env`, and set by vLLM on import), and the allocator history starts here
 only for a rank in this process (TP 1).
 
+Note [eager sampler helpers]: with ``enforce_eager`` vLLM compiles nothing of the model, but two helpers of its
+sampler stay decorated with ``torch.compile``: ``v1/sample/ops/logprobs.py`` ``batched_count_greater_than`` (each
+sampled token's rank, when a request asks for logprobs) and ``v1/sample/ops/topk_topp_sampler.py``
+``compiled_random_sample`` (random sampling, which the gate never asks for). On CPU the first call compiles C++
+through Inductor (a compiler and a linker, in the middle of the measured generation): a recall model's run, which
+asks for logprobs to judge its answers (Note [the same answer] in :mod:`vramgate.core.answers`), paid 12 s of its
+19 s of generation for it with an empty cache and 2 s with a warm one, on the 2-core AVX-512 EPYC (speed probe
+0.21 s); the dummy-weight runs ask for no logprobs and never call it. So on CPU, where the spec is eager, Dynamo is
+off for the run: the helper runs as plain torch, the same counts (``(x >= values).sum(-1)``), and the run costs
+what its workload costs. A GPU run keeps vLLM's compilation as it is (the GPU tier measures it).
+
 Note [KV budget]: the budget is passed as ``kv_cache_memory_bytes``.
 ``VLLM_CPU_KVCACHE_SPACE`` is removed from the environment: vLLM parses it as
 whole GiB and, when set, it overrides ``kv_cache_memory_bytes``.
@@ -104,6 +115,8 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     history = history_dir is not None and on_gpu
     if history and spec.tensor_parallel_size == 1:
         memory_history.start(torch)  # the rank in this process: weights, profile run and KV cache included
+    if not on_gpu and spec.enforce_eager:
+        torch._dynamo.config.disable = True  # Note [eager sampler helpers]
     t1 = time.perf_counter()
     with inspection_in_process():  # Note [model inspection] in vramgate.models.vllm_kv
         llm = LLM(**kwargs)
