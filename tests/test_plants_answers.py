@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from vramgate import VLLM_VERSION
 from vramgate.profiles import load_profile
 from vramgate.profiles.overlay import patched_files
 
@@ -37,7 +38,6 @@ PLANTS = ("plant-kv-window", "plant-attention-scale")
 TEST = "suites/block_manager/test_block_manager.py::test_engine_pressure"
 #: The rows test_engine_pressure records: what the plants must not fail.
 COST_ROWS = ("preemptions", "recomputed_tokens", "capacity_tokens", "request_throughput")
-VLLM_VERSION = "0.32.0"
 
 
 def _vllm_source() -> Path | None:
