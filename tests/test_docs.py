@@ -63,3 +63,20 @@ def test_the_checker_sees_a_broken_link(tmp_path: Path) -> None:
     assert [b.split(": ", 1)[1] for b in broken_links(page, tmp_path)] == [
         "missing.md (no such file)", "#nope (no such heading)"]
 
+
+
+def test_the_layout_module_table_is_the_modules() -> None:
+    """docs/layout.md's module table is the one scripts/layout_table.py makes from the modules' docstrings: a
+    module added, removed or re-described fails here until it is regenerated."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("layout_table", ROOT / "scripts" / "layout_table.py")
+    assert spec is not None and spec.loader is not None
+    layout_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout_table)
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    assert layout_table.render(text) == text, "docs/layout.md's module table is out of date: " \
+                                               "python scripts/layout_table.py"
+    rows = layout_table.table().splitlines()[2:]
+    assert len(rows) == len([p for p in (ROOT / "src" / "vramgate").rglob("*.py") if p.name != "__main__.py"])
+    assert all(not row.endswith("|  |") for row in rows), "a module without a docstring"
