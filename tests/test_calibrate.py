@@ -343,6 +343,12 @@ def test_an_ab_campaign_of_both_ways_is_analyzed_one_way_at_a_time(tmp_path: Pat
     assert "| p | unchanged | 8 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="with rounds together"):
         main(["analyze", str(tmp_path), "--together", "yes", "--stat", "step_floor"])
+    # the same campaign through the gate's own command line: vramgate calibrate paired
+    from vramgate.tools import cli
+
+    assert cli.main(["calibrate", "--root", str(ROOT), "paired", "analyze", str(tmp_path), "--together",
+                     "no"]) == 0
+    assert "| p | unchanged | 3 |" in capsys.readouterr().out
 
 
 def test_a_campaign_taken_both_ways_takes_no_together_setting(tmp_path: Path) -> None:
