@@ -145,3 +145,34 @@ def test_the_logprob_rank_helper_is_compiled_and_runs_eagerly_with_dynamo_off() 
         torch._dynamo.config.disable = before
     assert counts.tolist() == [2, 3]
     assert counters["stats"]["unique_graphs"] == graphs, "the helper was compiled with Dynamo off"
+
+
+def test_vllm_writes_only_the_variables_the_gate_undoes(tmp_path: Path) -> None:
+    """Note [a clean start for every child] in vramgate.runtime.vllm_env: a fresh interpreter that imports vLLM,
+    checks an engine config (as the simulator and the KV readings do in the gate's process) and loads its video
+    decoders changes no variable of its environment but :data:`VLLM_WRITES`, and still writes ``LD_PRELOAD`` on
+    Linux."""
+    import json
+    import subprocess
+    import sys
+
+    from vramgate.runtime.vllm_env import VLLM_WRITES, child_environment
+
+    script = (
+        "import json, os, sys\n"
+        "before = dict(os.environ)\n"
+        "from vllm.engine.arg_utils import EngineArgs\n"
+        "EngineArgs(model=sys.argv[1], load_format='dummy', skip_tokenizer_init=True, max_model_len=512,\n"
+        "           block_size=32).create_engine_config()\n"
+        "import vllm.multimodal.video\n"
+        "after = dict(os.environ)\n"
+        "print(json.dumps(sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))))\n"
+    )
+    env = {**child_environment(), **vllm_environment(tmp_path, log_level="WARNING")}
+    done = subprocess.run([sys.executable, "-c", script, str(MODELS / "tiny-llama")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    changed = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert changed <= VLLM_WRITES, f"vLLM writes variables the gate does not undo: {sorted(changed - VLLM_WRITES)}"
+    if sys.platform == "linux":
+        assert "LD_PRELOAD" in changed, "vLLM no longer preloads its allocator for the processes it starts"

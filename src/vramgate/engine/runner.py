@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from vramgate.runtime import process
 from vramgate.runtime.engine_env import engine_python
 from vramgate.runtime.exits import describe_exit
 from vramgate.runtime.preload import PreloadError
-from vramgate.runtime.vllm_env import ENGINE_LOG_LEVEL, vllm_environment
+from vramgate.runtime.vllm_env import ENGINE_LOG_LEVEL, child_environment, vllm_environment
 from vramgate.store.shared import SharedResults
 
 
@@ -170,7 +169,7 @@ def engine_process_env(
     vLLM's cache of model inspections and the compiled Triton and Inductor kernels,
     which saves seconds per engine start on CPU and minutes of recompiling on a GPU.
     """
-    env = dict(os.environ)
+    env = child_environment()  # Note [a clean start for every child] in vramgate.runtime.vllm_env
     env.update(vllm_environment(run_dir, cache_root=cache_root, log_level=ENGINE_LOG_LEVEL))
     env.update({
         "PYTHONUNBUFFERED": "1",

@@ -32,6 +32,41 @@ OFFLINE = {
 }
 
 
+#: What vLLM writes into the environment of a process it runs in, for the processes it would start (Note [vLLM's
+#: environment changes] in :mod:`vramgate.models.vllm_kv`): its CPU platform's ``check_and_update_config``
+#: (tcmalloc and torch's libgomp in ``LD_PRELOAD``, the workers' start method, thread counts, the SSM state layout,
+#: the world size), its AITER module on import (``_aiter_ops``), and OpenCV's loader, which its video decoders
+#: import (``LD_LIBRARY_PATH``). Held to the pinned vLLM by ``tests/test_vllm_contracts.py``.
+VLLM_WRITES = frozenset({
+    "AITER_SITUV2_A4W4", "AITER_SITUV2_A8W4", "LD_LIBRARY_PATH", "LD_PRELOAD", "LOCAL_WORLD_SIZE",
+    "NUMEXPR_MAX_THREADS", "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CPP_DYNAMIC_THREADS",
+    "VLLM_DISABLE_SHARED_EXPERTS_STREAM", "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_WORKER_MULTIPROC_METHOD",
+})
+#: The values of :data:`VLLM_WRITES` when the gate's process started (before it ran vLLM itself).
+_AT_START = {key: os.environ.get(key) for key in VLLM_WRITES}
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment for a child it starts, with what vLLM wrote into it undone.
+
+    Note [a clean start for every child]: vLLM inside the gate's own process (a simulation, a KV reading, a
+    quantized layer's output) writes :data:`VLLM_WRITES` into it. A child started after that would inherit them:
+    tcmalloc and libgomp loaded into an engine from its first instruction (``LD_PRELOAD`` acts at exec), where one
+    started before would run on the C library's allocator, so an engine's memory and speed would depend on which
+    tests ran before it on the same worker; and no engine could be forked from the preloaded interpreter any
+    more, whose environment is the one it started with (Note [preloaded engines] in
+    :mod:`vramgate.runtime.preload`), and each would import torch and vLLM afresh (docs/running.md, "Where the time
+    goes"). So each of them is set back to its value when the gate started (or
+    removed); a child's vLLM then writes them for its own children, as it does in a team's server."""
+    env = dict(os.environ)
+    for key, value in _AT_START.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
 #: The longest path of a Unix socket (``sizeof(sockaddr_un.sun_path)`` less its terminator): libzmq refuses longer.
 UNIX_SOCKET_PATH_MAX = 107
 

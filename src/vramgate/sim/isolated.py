@@ -17,7 +17,6 @@ So does every simulation when the engine environment is another interpreter
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from vramgate.profiles import Profile, build_overlay
 from vramgate.runtime import engine_env
 from vramgate.runtime.exits import describe_exit
 from vramgate.runtime.process import launch, pythonpath, tail, wait_or_kill
-from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, vllm_environment
+from vramgate.runtime.vllm_env import IN_PROCESS_LOG_LEVEL, child_environment, vllm_environment
 from vramgate.sim.simulator import SimResult, SimulationError, simulate
 from vramgate.workloads import Workload
 
@@ -74,7 +73,7 @@ def simulate_in_child(model_dir: Path, workload: Workload, *, overlay: Path | No
     request.write_text(json.dumps({"model_dir": str(model_dir), "workload": workload.to_json(),
                                    "settings": settings, "overlay": str(overlay) if overlay else None}),
                        encoding="utf-8")
-    env = dict(os.environ)
+    env = child_environment()  # Note [a clean start for every child] in vramgate.runtime.vllm_env
     for key, value in vllm_environment(run_dir, log_level=IN_PROCESS_LOG_LEVEL, temp=False).items():
         env.setdefault(key, value)
     env["PYTHONPATH"] = pythonpath(env, first=[overlay] if overlay else [])
