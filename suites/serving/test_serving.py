@@ -45,7 +45,9 @@ from vramgate.testing import (
     ServingLoad,
     device_memory_slope,
     engine_tier,
+    gate_session,
     memory_slope,
+    memory_slope_problem,
     paired_burst,
     paired_settings,
     paired_slope,
@@ -110,6 +112,14 @@ def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: fl
         gate.record("goodput", result.goodput, unit="ratio", better="higher", scope="machine", history=False)
 
 
+def _skip_unsettled(request: pytest.FixtureRequest, project_root: Path, load: str) -> None:
+    """Skip a memory slope test of *load* on a machine whose unchanged server was measured not settling (Note
+    [unsettled servers] in vramgate.testing.serving), before its load starts."""
+    problem = memory_slope_problem(project_root, gate_session(request.config).fingerprint.key, load)
+    if problem:
+        pytest.skip(problem)
+
+
 def _memory(gate: Gate, run: LoadRun, ceiling: float, output_len: int) -> None:
     """Record the memory figures of *run*'s last load on its first server: the slopes per request and per output
     token over the measured part (after the settled warm-up), with their fits, and the resident size. The
@@ -138,12 +148,14 @@ def _memory(gate: Gate, run: LoadRun, ceiling: float, output_len: int) -> None:
 
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
-def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path) -> None:
+def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path,
+                        project_root: Path, request: pytest.FixtureRequest) -> None:
     """The server's memory over a sustained load, after a warm-up until it settled: its slopes per 1,000 requests
     and per 1,000 output tokens with their bounds (the report draws them), and its resident size; on the GPU tier
     its device memory's slope too, and which figure of NVML that slope was fitted to (the report's
-    ``gpu_conditions``)."""
+    ``gpu_conditions``). Skipped on a machine whose unchanged server does not settle (Note [unsettled servers])."""
     assert matrix_case.entry.load is not None
+    _skip_unsettled(request, project_root, "pre-merge")
     server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
     warmup, sustained = sustained_loads(matrix_case.entry.load)
     run = servers.loads(server, [sustained], tmp_path / "load", warmup=warmup)
@@ -156,9 +168,10 @@ def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: M
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
 def test_serving_memory_soak(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase,
-                             tmp_path: Path) -> None:
+                             tmp_path: Path, project_root: Path, request: pytest.FixtureRequest) -> None:
     """The memory test's figures over the entry's soak (``soak_requests``), held to the soak's lower ceilings."""
     assert matrix_case.entry.load is not None
+    _skip_unsettled(request, project_root, "soak")
     server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
     warmup, soak = sustained_loads(matrix_case.entry.load, soak=True)
     run = servers.loads(server, [soak], tmp_path / "load", warmup=warmup)

@@ -87,7 +87,14 @@ from vramgate.testing.matrix_suites import matrix_suite
 from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of, linear_kernel_problem
-from vramgate.testing.serving import Servers, paired_burst, rate_load, sustained_loads, workload_trace
+from vramgate.testing.serving import (
+    Servers,
+    memory_slope_problem,
+    paired_burst,
+    rate_load,
+    sustained_loads,
+    workload_trace,
+)
 from vramgate.testing.simulator import Simulator
 from vramgate.testing.tp import TPRunner
 
@@ -187,6 +194,7 @@ __all__ = [
     "matrix_suite",
     "median",
     "memory_slope",
+    "memory_slope_problem",
     "naive_moe",
     "overlap_fraction",
     "paired_burst",
