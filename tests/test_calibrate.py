@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -497,3 +498,53 @@ def test_analyze_reads_each_trials_first_rounds_only(tmp_path: Path, capsys: pyt
         with pytest.raises(SystemExit):
             main(["analyze", str(tmp_path), "--rounds", bad])
         assert why in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tier", ["cpu", "gpu"])
+def test_the_campaign_and_the_gate_reach_the_same_verdict_on_the_same_looks(tier: str) -> None:
+    """The campaign's rules (``gate_paired.rules.Rules``, built from the tier's settings) and the gate's looks
+    (``vramgate.engine.looks.confirmed_rounds``) decide alike: on the same looks of stand-in engines, unchanged and
+    with a candidate up to 15% slower, against a stored baseline or none, the test fails under one exactly when it
+    fails under the other. The further checks of a look (the noise guard, the stored baseline) are the rules' own
+    here, as the gate's ``paired_checks`` gives them; what is compared is when further looks are taken, which
+    rounds are pooled and which decide."""
+    from vramgate.engine.looks import confirmed_rounds
+    from vramgate.engine.paired import PAIRED_DEFAULTS
+    from vramgate.tools.calibration.gate_paired import Rules, TrialData
+
+    settings = PAIRED_DEFAULTS[tier]
+    rules = Rules.of(settings)
+    rng = random.Random(11)
+    disagree, failed, cases = [], 0, 0
+    for case in range(160):
+        shift = rng.choice([0.0, 0.05, 0.08, 0.10, 0.15])
+        offsets = [rng.gauss(0.0, 0.03) for _ in range(3)]  # each engine pair's own speed for its whole life
+        noise = rng.choice([0.02, 0.05, 0.10])
+
+        def one(n: int, shift: float = shift, offsets: list[float] = offsets, noise: float = noise
+                ) -> tuple[list[float], list[float]]:
+            ref = [0.005 * math.exp(rng.gauss(0.0, 0.05)) for _ in range(settings.rounds)]
+            return ref, [r * (1 + shift) * math.exp(offsets[n] + rng.gauss(0.0, noise)) for r in ref]
+
+        looks = [one(n) for n in range(3)]
+        base = None
+        if case % 2:
+            r, c = one(0, 0.0, [rng.gauss(0.0, 0.03)] * 3)
+            base = [y / x for x, y in zip(r, c, strict=True)]
+
+        def also(key: str, r: list[float], c: list[float], base: list[float] | None = base
+                 ) -> list[tuple[str, bool]]:
+            found = rules.fails(r, c, base)
+            return [("noise", "noise" in found), ("history", "history" in found)]
+
+        ref, cand, _ = confirmed_rounds(lambda n, looks=looks: looks[n], settings, also=also)  # type: ignore[misc]
+        gate_fails = bool(rules.fails(ref, cand, base))
+        trials = [TrialData("p", "c", n, *looks[n], True) for n in range(3)]
+        campaign_fails = bool(rules.first_fails(trials[0], base)) and rules.confirms(
+            trials[0], *trials[1:1 + rules.further], base=base)
+        cases += 1
+        failed += gate_fails
+        if gate_fails != campaign_fails:
+            disagree.append((case, shift, gate_fails, campaign_fails))
+    assert not disagree, disagree
+    assert 0 < failed < cases  # both ways of the rule were met
