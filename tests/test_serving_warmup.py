@@ -147,7 +147,7 @@ def _memory_test(suite: types.ModuleType, spec: EngineSpec, tmp_path: Path,
         request_rates=(4.0,), sustained_requests=600, sustained_concurrency=8)), engine_spec=lambda base: base)
     with ApiServer(spec, ROOT, tmp_path / "server", start_timeout_s=30) as server:
         pool = Pool(server)
-        suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test")
+        suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test", tmp_path, None)
     (run,) = pool.runs
     return gate, run
 

@@ -88,6 +88,7 @@ from vramgate.testing.models import ModelLoader
 from vramgate.testing.profiles import runnable_candidate, skip_unmet, version_problem
 from vramgate.testing.quantization import Checkpoints, QuantRuns, checkpoint_of, linear_kernel_problem
 from vramgate.testing.serving import (
+    UNSETTLED_SERVERS,
     Servers,
     memory_slope_problem,
     paired_burst,
@@ -122,6 +123,7 @@ __all__ = [
     "SMALL_RUN_BUDGET_GIB",
     "TORCH_FLASH_EXTRA",
     "UNPAIRED_LATENCY_TOLERANCE",
+    "UNSETTLED_SERVERS",
     "AttentionShape",
     "Checkpoints",
     "CudaRegion",
