@@ -28,11 +28,11 @@ sampler stay decorated with ``torch.compile``: ``v1/sample/ops/logprobs.py`` ``b
 sampled token's rank, when a request asks for logprobs) and ``v1/sample/ops/topk_topp_sampler.py``
 ``compiled_random_sample`` (random sampling, which the gate never asks for). On CPU the first call compiles C++
 through Inductor (a compiler and a linker, in the middle of the measured generation): a recall model's run, which
-asks for logprobs to judge its answers (Note [the same answer] in :mod:`vramgate.core.answers`), paid 12 s of its
-19 s of generation for it with an empty cache and 2 s with a warm one, on the 2-core AVX-512 EPYC (speed probe
-0.21 s); the dummy-weight runs ask for no logprobs and never call it. So on CPU, where the spec is eager, Dynamo is
-off for the run: the helper runs as plain torch, the same counts (``(x >= values).sum(-1)``), and the run costs
-what its workload costs. A GPU run keeps vLLM's compilation as it is (the GPU tier measures it).
+asks for logprobs to judge its answers (Note [the same answer] in :mod:`vramgate.core.answers`), paid most of its
+generation for it with an empty cache and seconds with a warm one (docs/running.md, "Where the time goes"); the
+dummy-weight runs ask for no logprobs and never call it. So on CPU, where the spec is eager, Dynamo is off for the
+run: the helper runs as plain torch, the same counts (``(x >= values).sum(-1)``), and the run costs what its
+workload costs. A GPU run keeps vLLM's compilation as it is (the GPU tier measures it).
 
 Note [KV budget]: the budget is passed as ``kv_cache_memory_bytes``.
 ``VLLM_CPU_KVCACHE_SPACE`` is removed from the environment: vLLM parses it as

@@ -49,15 +49,14 @@ _AT_START = {key: os.environ.get(key) for key in VLLM_WRITES}
 def child_environment() -> dict[str, str]:
     """This process's environment for a child it starts, with what vLLM wrote into it undone.
 
-    Note [a clean start for every child]: vLLM inside the gate's own process (a simulation, a KV reading, a
-    quantized layer's output) writes :data:`VLLM_WRITES` into it. A child started after that would inherit them:
-    tcmalloc and libgomp loaded into an engine from its first instruction (``LD_PRELOAD`` acts at exec), where one
-    started before would run on the C library's allocator, so an engine's memory and speed would depend on which
-    tests ran before it on the same worker; and no engine could be forked from the preloaded interpreter any
-    more, whose environment is the one it started with (Note [preloaded engines] in
-    :mod:`vramgate.runtime.preload`), and each would import torch and vLLM afresh (docs/running.md, "Where the time
-    goes"). So each of them is set back to its value when the gate started (or
-    removed); a child's vLLM then writes them for its own children, as it does in a team's server."""
+    Note [a clean start for every child]: vLLM inside the gate's own process (a simulation, a KV reading) writes
+    :data:`VLLM_WRITES` into it. A child started after that would inherit them: tcmalloc and libgomp loaded into
+    an engine from its first instruction (``LD_PRELOAD`` acts at exec), where one started before would run on the
+    C library's allocator, so an engine's memory and speed would depend on which tests ran before it on the same
+    worker; and no engine could be forked from the preloaded interpreter any more, whose environment is the one it
+    started with (Note [preloaded engines] in :mod:`vramgate.runtime.preload`), so each would import torch and
+    vLLM afresh (docs/running.md, "Where the time goes"). So each of them is set back to its value when the gate
+    started (or removed); a child's vLLM then writes them for its own children, as it does in a team's server."""
     env = dict(os.environ)
     for key, value in _AT_START.items():
         if value is None:
