@@ -300,20 +300,11 @@ class PairedDefaults:
                              f"{self.tolerance}")
 
 
-#: CPU (2 cores): idle, one pair at a time, 0 false alarms in 19 unchanged trials, +10% caught in 18 of 19. Beside the
-#: other xdist worker (docs/calibration.md, per gate run), rounds together, each round's median step, a second look
-#: failing on its own: 0.75 of 91 unchanged tests failed (2.5% per gate run, estimated), 56-66% of a planted +10% caught
-#: per profile (173 trials). The step floor (Note [step floor] in vramgate.tools.calibration.gate_paired.trials) did no
-#: better on the gate's rules (64 trials). Three looks, the first screened at 5% (Note [three looks] in
-#: vramgate.engine.looks), on the same campaigns' trials: the Xeon's (160) caught 98-100% of the planted +10% per
-#: profile where two looks caught 73-100%, at 0.04% false alarms per gate run against 0.90%; the AVX-512 EPYC's 76-84%
-#: where two caught 57-67%, at 3.9% against 2.8%; the AVX2-only EPYC's (60) 78% and 86% against 58% and 58%, no
-#: unchanged test failing either way (docs/calibration.md, "Three looks against two"). Rounds one after the other (Note
-#: [rounds together]), on the AVX2-only EPYC's 40 such trials: no unchanged test failing in 22, the model's false alarms
-#: per gate run below 0.2% (95% upper bound), +10% caught in 18 of 18 and by the model in 98.8% and 97.4%; the gate's
-#: time +2.4% over four gate runs in turns (docs/calibration.md, "Rounds one after the other"). GPU: from the kernel
-#: campaign on an H200 (interleaved calls): 5% gave 0 false alarms in 22,400 history and 160 in-run comparisons and
-#: caught +10% in all. Engine pairs on a GPU are not measured yet.
+#: Each tier's settings, and the campaign behind each (the figures are the campaigns', not copied here):
+#: docs/calibration.md, "Per gate run, on two workers (CPU)" for the tolerance, alpha and history tolerance beside
+#: the other xdist worker; "Three looks against two" for the CPU tier's three looks and its 5% screen; "Rounds one
+#: after the other" for the CPU tier's way of running a pair's rounds; the GPU tier's from the kernel campaign on an
+#: H200 (calibration/nvidia-h200-140gb-x1-kernel.md; engine pairs on a GPU are not measured yet).
 PAIRED_DEFAULTS = {
     "cpu": PairedDefaults(rounds=30, stat="step", tolerance=0.075, alpha=0.05, history_tolerance=0.10, screen=0.05,
                           looks=3),
