@@ -149,6 +149,7 @@ def _memory(gate: Gate, run: LoadRun, ceiling: float, output_len: int) -> None:
         gate.conditions.append({"device_memory_slope": device.source})
 
 
+@pytest.mark.gate_inputs(str(UNSETTLED_SERVERS))
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
 def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path,
@@ -168,6 +169,7 @@ def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: M
 
 @pytest.mark.gate_nightly("the soak: a sustained load of thousands of requests (about 5 minutes on 2 cores), which "
                           "sets the lower leak floor; pre-merge runs the short one (test_serving_memory)")
+@pytest.mark.gate_inputs(str(UNSETTLED_SERVERS))
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
 def test_serving_memory_soak(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase,
