@@ -45,3 +45,16 @@ def test_the_repository_record_reads() -> None:
         for load in ("pre-merge", "soak"):
             if load in record:
                 assert key in str(memory_slope_problem(ROOT, key, load))
+
+
+def test_the_memory_tests_name_the_record_as_their_input() -> None:
+    """Under --gate-affected a change to the record keeps the tests it decides (Note [each test's inputs])."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("suite_serving_inputs", ROOT / "suites/serving/test_serving.py")
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    for test in (suite.test_serving_memory, suite.test_serving_memory_soak):
+        marks = [m for m in test.pytestmark if m.name == "gate_inputs"]
+        assert [m.args for m in marks] == [(str(UNSETTLED_SERVERS),)], test.__name__
