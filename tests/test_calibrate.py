@@ -537,7 +537,7 @@ def test_the_campaign_and_the_gate_reach_the_same_verdict_on_the_same_looks(tier
             found = rules.fails(r, c, base)
             return [("noise", "noise" in found), ("history", "history" in found)]
 
-        ref, cand, _ = confirmed_rounds(lambda n, looks=looks: looks[n], settings, also=also)  # type: ignore[misc]
+        ref, cand, _ = confirmed_rounds(lambda n, looks=looks: looks[n], settings, also=also)
         gate_fails = bool(rules.fails(ref, cand, base))
         trials = [TrialData("p", "c", n, *looks[n], True) for n in range(3)]
         campaign_fails = bool(rules.first_fails(trials[0], base)) and rules.confirms(

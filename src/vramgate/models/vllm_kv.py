@@ -105,9 +105,9 @@ def engine_config(args: Any) -> Any:
 
     Note [vLLM's environment changes]: checking a config, vLLM's CPU platform sets variables for the
     processes an engine would start: ``LD_PRELOAD`` (tcmalloc and torch's libgomp), ``LOCAL_WORLD_SIZE``,
-    ``VLLM_WORKER_MULTIPROC_METHOD``, thread counts. In the gate's process they would reach every engine
-    subprocess started after a simulation or a KV reading on the same worker, and not those started before:
-    an engine's allocator would depend on the order of the tests. So they are undone.
+    ``VLLM_WORKER_MULTIPROC_METHOD``, thread counts. They are undone here, so that the gate's own process stays
+    as it started; what reaches a child is decided where children are started, for every variable vLLM writes
+    however it wrote it (Note [a clean start for every child] in :mod:`vramgate.runtime.vllm_env`).
     """
     before = dict(os.environ)
     try:
