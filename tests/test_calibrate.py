@@ -420,7 +420,7 @@ def test_three_looks_in_the_analysis_pool_each_pair_of_other_trials_with_a_scree
 
     unchanged = [trial("unchanged", i, 0.0) for i in range(5)] + [trial("unchanged", 5, 0.16)]  # one slow pair
     planted = [trial("delay-10%", 10 + i, shift) for i, shift in enumerate((0.06, 0.085, 0.09, 0.095, 0.10, 0.11))]
-    three, two = Rules(0.075, 0.05, 0.10, "three", 0.05), Rules(0.075, 0.05, 0.10)
+    three, two = Rules(0.075, 0.05, 0.10, 3, 0.05), Rules(0.075, 0.05, 0.10)
     assert three.further == 2 and two.further == 1 and "three looks; first look screened at 5.0%" in three.describe()
     assert len(further_looks(unchanged[1:], three)) == 10 and len(further_looks(unchanged[1:], two)) == 5
     with pytest.raises(ValueError, match="takes 2 further looks"):
@@ -443,7 +443,7 @@ def test_three_looks_catch_more_of_a_regression_near_the_tolerance_in_the_noise_
     from vramgate.tools.calibration.gate_paired import NoiseModel, Rules, simulate
 
     model = NoiseModel(0.0, 0.025, (0.05,))
-    three, two = Rules(0.075, 0.05, 0.10, "three", 0.05), Rules(0.075, 0.05, 0.10)
+    three, two = Rules(0.075, 0.05, 0.10, 3, 0.05), Rules(0.075, 0.05, 0.10)
     caught_three = simulate(model, three, runs=300, shift=0.1, history=False, seed=1)
     caught_two = simulate(model, two, runs=300, shift=0.1, history=False, seed=1)
     assert caught_three > 0.82 and caught_two < 0.75 and caught_three > caught_two + 0.15, (caught_three, caught_two)
@@ -503,7 +503,7 @@ def test_analyze_reads_each_trials_first_rounds_only(tmp_path: Path, capsys: pyt
 @pytest.mark.parametrize("tier", ["cpu", "gpu"])
 def test_the_campaign_and_the_gate_reach_the_same_verdict_on_the_same_looks(tier: str) -> None:
     """The campaign's rules (``gate_paired.rules.Rules``, built from the tier's settings) and the gate's looks
-    (``vramgate.engine.looks.confirmed_rounds``) decide alike: on the same looks of stand-in engines, unchanged and
+    (``vramgate.engine.looks.confirmed_rounds``), both deciding by ``vramgate.engine.looks.LookRule``, decide alike: on the same looks of stand-in engines, unchanged and
     with a candidate up to 15% slower, against a stored baseline or none, the test fails under one exactly when it
     fails under the other. The further checks of a look (the noise guard, the stored baseline) are the rules' own
     here, as the gate's ``paired_checks`` gives them; what is compared is when further looks are taken, which

@@ -5,6 +5,8 @@ Note [baselines of two engine pairs]), and which samples are the verdict; each l
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from vramgate.core.metrics import format_change
 from vramgate.core.stats import compare_pairs
@@ -13,6 +15,10 @@ from vramgate.engine.paired import PairedDefaults
 #: A look's further checks of one statistic (the noise guard, the stored baseline: ``Gate.paired_checks``):
 #: ``also(statistic, reference samples, candidate samples)`` gives a line per check and whether it fails.
 Also = Callable[[str, Sequence[float], Sequence[float]], Sequence[tuple[str, bool]]]
+
+
+#: A look's samples, as the caller of :meth:`LookRule.decide` keeps them.
+L = TypeVar("L")
 
 
 #: The looks' names, by number (``run(n)``/``take(n)`` takes ``LOOK_NAMES[n]``).
@@ -85,68 +91,131 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     return ref[stat], cand[stat], lines
 
 
+@dataclass(frozen=True)
+class Decided(Generic[L]):
+    """What :meth:`LookRule.decide` found: the looks taken, the samples that are the verdict, and whether the
+    verdict fails (as the rule judged it on the way; the end of a gate test judges the verdict's samples again)."""
+
+    taken: tuple[L, ...]
+    verdict: L
+    failed: bool
+    pooled: bool
+    """Whether :attr:`verdict` is the pooled samples of the looks taken (else one look's own)."""
+
+
+@dataclass(frozen=True)
+class LookRule:
+    """When a paired measurement's first look is its verdict, which further looks of fresh engines it takes, and
+    which samples decide (Note [second look], Note [three looks], Note [baselines of two engine pairs]): the one rule
+    the gate's paired tests (:func:`looks_until_verdict`) and the paired calibration campaigns
+    (``vramgate calibrate paired``) apply. Its thresholds are the caller's judge's: a tier's
+    :class:`~vramgate.engine.paired.PairedDefaults`."""
+
+    looks: int = 2
+    """The most looks (2 or 3)."""
+
+    def __post_init__(self) -> None:
+        if self.looks not in (2, 3):
+            raise ValueError(f"a paired measurement takes 2 or 3 looks at most, not {self.looks}")
+
+    @classmethod
+    def of(cls, settings: PairedDefaults) -> LookRule:
+        """The rule of a tier's settings."""
+        return cls(settings.looks)
+
+    @property
+    def further(self) -> int:
+        """The looks taken after a first that fails."""
+        return self.looks - 1
+
+    def describe(self, screen: float | None = None) -> str:
+        """The rule in words (*screen*: the first look's tolerance, where it is screened)."""
+        first = "" if screen is None else f"; first look screened at {screen:.1%}"
+        if self.looks == 3:
+            return f"three looks{first}, the pooled rounds of all three the verdict"
+        return f"two looks{first}, the second deciding by 'both'"  # 'both': the second look and the pooled rounds
+
+    def decide(self, take: Callable[[int], L], judge: Callable[[str, L, bool], bool],
+               pool: Callable[[Sequence[L]], L], *, records: Callable[[L], bool] | None = None,
+               say: Callable[[str], None] | None = None) -> Decided[L]:
+        """Take and judge looks until the verdict. ``take(n)`` takes look *n* (0, 1, 2: fresh engines each);
+        ``judge(name, look, screened)`` says whether a look (or the pooled samples, named ``pooled (the
+        verdict)``) fails, the first look at its screen (*screened*); ``pool(looks)`` pools looks' samples;
+        ``records(first)``: whether the first look's samples would become a stored baseline (then a second look is
+        taken whatever the first found, and the pooled samples are the verdict and the baseline). *say* hears
+        what the rule decided on the way, in words.
+
+        A first look that passes (and records nothing) is the verdict. After one that fails: with two looks, a
+        second; where it passes, its samples are the verdict (they pass), else the pooled samples of both (judged
+        again); with three, two more, and the pooled samples of all three are the verdict."""
+        taken = [take(0)]
+        tripped = judge(LOOK_NAMES[0], taken[0], True)
+        recording = records is not None and records(taken[0])
+        if not tripped and not recording:
+            return Decided(tuple(taken), taken[0], False, False)
+        if recording and say is not None:
+            say(f"recording a baseline: {'two more looks' if tripped and self.looks == 3 else 'a second look'} "
+                "(fresh engines) taken, and the pooled rounds of the looks are the verdict and the baseline "
+                "(Note [baselines of two engine pairs])")
+        worse = False
+        for n in range(1, self.looks if tripped else 2):
+            taken.append(take(n))
+            worse = judge(LOOK_NAMES[n], taken[n], False) or worse
+        if self.looks == 2 and tripped and not recording and not worse:  # the second clears the first
+            if say is not None:
+                say("the verdict: the second look (fresh engines) passed; its rounds are the verdict")
+            return Decided(tuple(taken), taken[1], False, False)
+        pooled = pool(taken)
+        return Decided(tuple(taken), pooled, judge(POOLED, pooled, False), True)
+
+
+#: The name :meth:`LookRule.decide` judges the pooled samples under.
+POOLED = "pooled (the verdict)"
+
+
 def looks_until_verdict(run: Callable[[int], Mapping[str, tuple[Sequence[float], Sequence[float]]]],
                         tolerances: Mapping[str, float], alpha: float, *, also: Also | None = None,
                         records: Records | None = None, screen: Mapping[str, float] | None = None,
                         looks: int = 2
                         ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
-    """Note [second look] and Note [three looks] for any paired measurement: ``run(n)`` takes look *n* (0, 1, 2)
-    and gives, per statistic, the reference's and the candidate's samples; each statistic is judged in-run at its
-    tolerance (:func:`look`; the first look at its *screen*, where given) and by *also*. A first look where no
-    check fails is the verdict. Otherwise, with *looks* 2, a second look is taken: where it passes, its samples
-    are the verdict (they pass); where it fails too, the pooled samples of both are (they fail where the pooled
-    evidence still says so); with *looks* 3, two more looks are taken and the pooled samples of all three are the
-    verdict. Where the first look's samples of a statistic would become a stored baseline (*records*), a second
-    look is taken whatever the first found and the pooled samples are the verdict and the baseline (Note
-    [baselines of two engine pairs]). The lines say what each look found; the verdict's samples come back."""
-    if looks not in (2, 3):
-        raise ValueError(f"a paired measurement takes 2 or 3 looks at most, not {looks}")
+    """Note [second look] and Note [three looks] for any paired measurement, by :class:`LookRule`: ``run(n)`` takes
+    look *n* (0, 1, 2) and gives, per statistic, the reference's and the candidate's samples; each statistic is
+    judged in-run at its tolerance (:func:`look`; the first look at its *screen*, where given) and by *also*; a
+    look fails where any statistic does. *records*: whether a first look's samples of a statistic would become a
+    stored baseline. The lines say what each look found; the verdict's samples come back."""
+    rule = LookRule(looks)
     lines: list[str] = []
+    screened = screen is not None and any(screen.get(k, t) < t for k, t in tolerances.items())
+    Look = dict[str, tuple[list[float], list[float]]]
 
-    def label(name: str, key: str) -> str:
-        return name if len(tolerances) == 1 else f"{name}, {key}"
-
-    def judge(name: str, key: str, r: Sequence[float], c: Sequence[float], tolerance: float) -> bool:
-        line, bad = look(label(name, key), r, c, tolerance=tolerance, alpha=alpha)
-        lines.append(line)
-        for more, failing in (also(key, r, c) if also else ()):
-            lines.append(f"{label(name, key)}, {more}")
+    def judge(name: str, one: Look, first: bool) -> bool:
+        if first and screened:
+            name += " (screened)"
+        bad = False
+        for key, (r, c) in one.items():
+            label = name if len(tolerances) == 1 else f"{name}, {key}"
+            line, failing = look(label, r, c, tolerance=(screen or {}).get(key, tolerances[key]) if first
+                                 else tolerances[key], alpha=alpha)
+            lines.append(line)
+            for more, also_failing in (also(key, r, c) if also else ()):
+                lines.append(f"{label}, {more}")
+                failing = failing or also_failing
             bad = bad or failing
         return bad
 
-    def pooled(taken: Sequence[Mapping[str, tuple[Sequence[float], Sequence[float]]]]
-               ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-        return ({k: [v for one in taken for v in one[k][0]] for k in tolerances},
-                {k: [v for one in taken for v in one[k][1]] for k in tolerances})
+    def take(n: int) -> Look:
+        got = run(n)
+        return {k: (list(got[k][0]), list(got[k][1])) for k in tolerances}
 
-    taken = [dict(run(0))]
-    screened = screen is not None and any(screen.get(k, t) < t for k, t in tolerances.items())
-    first = LOOK_NAMES[0] + (" (screened)" if screened else "")
-    tripped = recording = False
-    for key in tolerances:
-        r, c = taken[0][key]
-        tripped = judge(first, key, r, c, (screen or {}).get(key, tolerances[key])) or tripped
-        recording = recording or (records is not None and records(key, r, c))
-    if not tripped and not recording:  # the first look passed: the verdict
-        return lines, {k: list(taken[0][k][0]) for k in tolerances}, {k: list(taken[0][k][1]) for k in tolerances}
-    if recording:
-        lines.append(f"recording a baseline: {'two more looks' if tripped and looks == 3 else 'a second look'} "
-                     "(fresh engines) taken, and the pooled rounds of the looks are the verdict and the baseline "
-                     "(Note [baselines of two engine pairs])")
-    worse = False
-    for n in range(1, looks if tripped else 2):
-        name = LOOK_NAMES[n]
-        taken.append(dict(run(n)))
-        for key in tolerances:
-            r, c = taken[n][key]
-            worse = judge(name, key, r, c, tolerances[key]) or worse
-    if looks == 2 and tripped and not recording and not worse:  # Note [second look]: the second clears the first
-        lines.append("the verdict: the second look (fresh engines) passed; its rounds are the verdict")
-        return lines, {k: list(taken[1][k][0]) for k in tolerances}, {k: list(taken[1][k][1]) for k in tolerances}
-    ref, cand = pooled(taken)
-    for key in tolerances:
-        judge("pooled (the verdict)", key, ref[key], cand[key], tolerances[key])
-    return lines, ref, cand
+    def pool(taken: Sequence[Look]) -> Look:
+        return {k: ([v for one in taken for v in one[k][0]], [v for one in taken for v in one[k][1]])
+                for k in tolerances}
+
+    decided = rule.decide(take, judge, pool, say=lines.append,
+                          records=None if records is None else
+                          lambda one: any(records(k, r, c) for k, (r, c) in one.items()))
+    return (lines, {k: list(v[0]) for k, v in decided.verdict.items()},
+            {k: list(v[1]) for k, v in decided.verdict.items()})
 
 
 def look(name: str, ref: Sequence[float], cand: Sequence[float], *, tolerance: float, alpha: float

@@ -3,11 +3,13 @@ verdict (Note [three looks] and Note [second look] in :mod:`vramgate.engine.look
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vramgate.engine.looks import LookRule
 from vramgate.tools.calibration.gate_paired.trials import TrialData
 
 if TYPE_CHECKING:
@@ -16,36 +18,41 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Rules:
-    """The paired test's rules at one setting (the gate's: :data:`~vramgate.engine.paired.PAIRED_DEFAULTS`)."""
+    """The paired test's settings (the gate's: :data:`~vramgate.engine.paired.PAIRED_DEFAULTS`) with the gate's own
+    rule of looks (:class:`~vramgate.engine.looks.LookRule`), judging a campaign's trials as the gate judges looks."""
 
     tolerance: float
     alpha: float
     history_tolerance: float
-    second: str = "both"
-    """How the looks after a failing first decide (Note [second look], Note [three looks] in
-    :mod:`vramgate.engine.looks`): ``pooled`` (the pooled rounds of two fail), ``alone`` (the second look's own
-    rounds fail), ``both`` (both: the rule of two looks) or ``three`` (two more looks; the pooled rounds of all
-    three fail)."""
+    looks: int = 2
+    """The most looks (:attr:`~vramgate.engine.paired.PairedDefaults.looks`)."""
     screen: float | None = None
     """The first look's in-run tolerance (Note [three looks]); ``None``: :attr:`tolerance`."""
 
     @property
+    def rule(self) -> LookRule:
+        """The gate's rule of looks at these settings."""
+        return LookRule(self.looks)
+
+    @property
     def further(self) -> int:
         """The looks taken after a first that fails."""
-        return 2 if self.second == "three" else 1
+        return self.rule.further
+
+    @property
+    def second(self) -> str:
+        """How the looks after a failing first decide, as a campaign's analysis names it: ``both`` (two looks: the
+        second look's own rounds and the pooled rounds of both fail) or ``three`` (the pooled rounds of three)."""
+        return "three" if self.looks == 3 else "both"
 
     def describe(self) -> str:
         """The rule in words, for a report's header."""
-        first = "" if self.screen is None else f"; first look screened at {self.screen:.1%}"
-        if self.second == "three":
-            return f"three looks{first}, the pooled rounds of all three the verdict"
-        return f"two looks{first}, the second deciding by {self.second!r}"
+        return self.rule.describe(self.screen)
 
     @classmethod
     def of(cls, settings: PairedDefaults) -> Rules:
         """The rules of a tier's :class:`~vramgate.engine.paired.PairedDefaults`."""
-        return cls(settings.tolerance, settings.alpha, settings.history_tolerance,
-                   "three" if settings.looks == 3 else "both", settings.screen)
+        return cls(settings.tolerance, settings.alpha, settings.history_tolerance, settings.looks, settings.screen)
 
     def first_fails(self, first: TrialData, base: Sequence[float] | None) -> list[str]:
         """Which checks a first look fails (its in-run check at the screen)."""
@@ -53,15 +60,21 @@ class Rules:
 
     def confirms(self, first: TrialData, *more: TrialData, base: Sequence[float] | None) -> bool:
         """Whether the further looks *more* (:attr:`further` of them) after a failing first look *first* fail the
-        test."""
+        test, by the gate's rule (:meth:`~vramgate.engine.looks.LookRule.decide`)."""
         if len(more) != self.further:
             raise ValueError(f"{self.second!r} takes {self.further} further looks, got {len(more)}")
         looks = (first, *more)
-        pooled = bool(self.fails([v for t in looks for v in t.ref], [v for t in looks for v in t.cand], base))
-        if self.second in ("three", "pooled"):
-            return pooled
-        alone = bool(self.fails(more[0].ref, more[0].cand, base))
-        return {"alone": alone, "both": pooled and alone}[self.second]
+
+        def judge(name: str, t: TrialData, screened: bool) -> bool:
+            if t is first:
+                return True  # asked of a first look that failed
+            return bool(self.fails(t.ref, t.cand, base, screened=screened))
+
+        def pool(taken: Sequence[TrialData]) -> TrialData:
+            return dataclasses.replace(first, ref=[v for t in taken for v in t.ref],
+                                       cand=[v for t in taken for v in t.cand])
+
+        return self.rule.decide(lambda n: looks[n], judge, pool).failed
 
     def fails(self, ref: Sequence[float], cand: Sequence[float], base: Sequence[float] | None, *,
               screened: bool = False) -> list[str]:
