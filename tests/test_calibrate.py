@@ -503,11 +503,11 @@ def test_analyze_reads_each_trials_first_rounds_only(tmp_path: Path, capsys: pyt
 @pytest.mark.parametrize("tier", ["cpu", "gpu"])
 def test_the_campaign_and_the_gate_reach_the_same_verdict_on_the_same_looks(tier: str) -> None:
     """The campaign's rules (``gate_paired.rules.Rules``, built from the tier's settings) and the gate's looks
-    (``vramgate.engine.looks.confirmed_rounds``), both deciding by ``vramgate.engine.looks.LookRule``, decide alike: on the same looks of stand-in engines, unchanged and
-    with a candidate up to 15% slower, against a stored baseline or none, the test fails under one exactly when it
-    fails under the other. The further checks of a look (the noise guard, the stored baseline) are the rules' own
-    here, as the gate's ``paired_checks`` gives them; what is compared is when further looks are taken, which
-    rounds are pooled and which decide."""
+    (``vramgate.engine.looks.confirmed_rounds``), both deciding by ``vramgate.engine.looks.LookRule``, decide
+    alike: on the same looks of stand-in engines, unchanged and with a candidate up to 15% slower, against a stored
+    baseline or none, the test fails under one exactly when it fails under the other. The further checks of a look
+    (the noise guard, the stored baseline) are the rules' own here, as the gate's ``paired_checks`` gives them;
+    what is compared is when further looks are taken, which rounds are pooled and which decide."""
     from vramgate.engine.looks import confirmed_rounds
     from vramgate.engine.paired import PAIRED_DEFAULTS
     from vramgate.tools.calibration.gate_paired import Rules, TrialData

@@ -42,47 +42,35 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
     tolerance with a signed-rank test of the pairs clear at alpha (in-run), or whose ratios moved against the
     stored baseline (history).
     On two busy cores a stretch of load on one engine, or an engine process that is a few percent slower for its
-    whole life, can push one look past either on an unchanged tree (ratio 1.082, p 0.043, on a 2-core EPYC beside
-    the other xdist worker; two clean-clone runs' ratios 0.948 and 1.069). So a first look that fails, or that is
-    too noisy to judge (Note [noise guard] in :mod:`vramgate.core.stats`), is not the verdict: the test takes a
+    whole life, can push one look past either on an unchanged tree. So a first look that fails, or that is too
+    noisy to judge (Note [noise guard] in :mod:`vramgate.core.stats`), is not the verdict: the test takes a
     second look with *fresh* engines (a new draw of each process's speed), in a quiet section
     (:mod:`vramgate.runtime.quiet`: the other workers finish the test they run and wait). With two looks at most
     (the GPU tier, the serving suite) the test fails only when the second look fails on its own *and* the pooled
     rounds of both fail, at the same tolerance and alpha: its rounds are the verdict when it passes, the pooled
-    rounds when it fails. Pooling two alone is not enough: an engine pair that ran 16% slow for its whole life
-    (seen once in 36 unchanged trials here) drags the pooled median past the tolerance with any second look; two
-    fresh engine pairs that are both that slow by chance are rarer by the square. A false alarm needs three
-    failing judgements, so no level is spent twice: its rate is at most the product of the two looks' rates. A
-    first look that passes is the verdict: further looks cost time only on a failure.
+    rounds when it fails. Pooling two alone is not enough: one engine pair that runs slow for its whole life drags
+    the pooled median past the tolerance with any second look; two fresh engine pairs that are both that slow by
+    chance are rarer by the square. A false alarm needs three failing judgements, so no level is spent twice: its
+    rate is at most the product of the two looks' rates. A first look that passes is the verdict: further looks
+    cost time only on a failure. The measurements: docs/calibration.md, "The second look and the noise guard".
 
-    Note [three looks]: the price of two looks that must both fail is detection: a look that catches a +10% step
-    regression with probability p makes a test that catches it with about p squared (0.89 gives 0.80; on a 2-core
-    Xeon 72.5% of the planted +10% of `block-manager-watermark` failed the test, docs/calibration.md). Where the
-    tier takes three looks (the CPU tier), the first look is screened at a lower tolerance (:attr:`PairedDefaults.
-    screen`, 5% where the tolerance is 7.5%): one that passes it is the verdict; one that does not is followed by
-    two looks with fresh engines, in a quiet section, and the verdict is the pooled rounds of all three, judged at
-    the tolerance as any look is. The pooled median of three engine pairs stands one pair that runs slow for its
-    whole life (a third of the rounds cannot carry the median), and a real regression, which is in every pair,
-    meets the tolerance with the noise of three pairs instead of one. On the stored campaigns' trials (each trial
-    a look of fresh engines; docs/calibration.md, "Three looks against two") it caught 98-100% of the planted
-    +10% per profile on a 2-core Xeon where two looks caught 73-100%, and the estimated false alarms per gate run
-    fell from 0.90% to 0.04%; on an AVX2-only EPYC it caught 78% and 86% where two looks caught 58% and 58%,
-    with none of 20 unchanged tests failing either way. On the noisiest key's day (engine pairs 3.9% apart) it
-    caught 76-84% where two looks caught 57-67%, but false alarms rose too (2.8% to 3.9% per gate run): neither
-    rule meets 1% there. Further looks cost time only after a first look fails; the screen trips more often than
-    the tolerance would on a profile whose true ratio sits near it (`kv-fp8` at 1.03 on the Xeon: 7 of 27 first
-    looks against 3).
+    Note [three looks]: the price of two looks that must both fail is detection: a look that catches a step
+    regression with probability p makes a test that catches it with about p squared. Where the tier takes three
+    looks (the CPU tier), the first look is screened at a lower tolerance (:attr:`PairedDefaults.screen`): one
+    that passes it is the verdict; one that does not is followed by two looks with fresh engines, in a quiet
+    section, and the verdict is the pooled rounds of all three, judged at the tolerance as any look is. The pooled
+    median of three engine pairs stands one pair that runs slow for its whole life (a third of the rounds cannot
+    carry the median), and a real regression, which is in every pair, meets the tolerance with the noise of three
+    pairs instead of one. Further looks cost time only after a first look fails; the screen trips more often than
+    the tolerance would on a profile whose true ratio sits near it. Detection, false alarms and time under both
+    rules, per machine: docs/calibration.md, "Three looks against two".
 
     Note [baselines of two engine pairs]: a run that records the test's baseline (*records*) takes two looks at
     least, whatever the first found, and stores their pooled rounds (three's, where the first look asked for
-    them). A baseline from one engine pair carries that pair's
-    offset into every later comparison, and a second look cannot clear it, since both looks meet the same
-    baseline: on a 2-core Intel Xeon with AMX, taking each unchanged trial of the per-gate-run campaign as the
-    baseline in turn, one engine pair that ran 8-9% fast made later unchanged looks fail the history check and their
-    second looks confirm it (0.9% of `block-manager-min-recompute`'s tests); baselines of two trials' pooled
-    rounds gave none, and 1.75% false alarms per gate run (estimated, 160 trials) became 0.90% (on the EPYC's trials
-    5.3% became 2.8%), with the same detection (docs/calibration.md). It costs time only when a baseline is
-    recorded.
+    them). A baseline from one engine pair carries that pair's offset into every later comparison, and a second
+    look cannot clear it, since both looks meet the same baseline; in a baseline of two engine pairs one pair's
+    offset carries half the rounds. It costs time only when a baseline is recorded. The campaign that measured it:
+    docs/calibration.md, "On a 2-core Intel Xeon with AMX".
     """
     stat = settings.stat
     screen = None if settings.screen is None else {stat: settings.screen}

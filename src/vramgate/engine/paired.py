@@ -226,15 +226,13 @@ class PairedEngines:
         *together*: both engines run each pair's rounds at the same time.
 
         Note [rounds together]: on a 2-core CPU, one engine per core, a round pair then takes the time of one
-        round, not two: a trial of the paired test took 32 s instead of 45 s beside the other xdist worker, and
-        the pairs' ratios spread about as much (robust log SD median 16% over 69 trials together, 16% over 20 one
-        after the other, docs/calibration.md). But with both engines stepping at once beside the other worker, the
-        candidate's extra CPU time is partly taken from the reference too: on an AVX2-only EPYC a planted +10%
-        realized +2.0% to +20.3% in 8 trials with rounds together and +7.9% to +13.3% in 18 one after the other (two
-        days), whose round pairs also spread less there (3.8% against 4.9%) and on a 2-core Xeon's slower day (by
-        about 40%). A real CPU-bound regression would be understated the same way, so no tier runs rounds
-        together; the way stays for campaigns (``gate_paired run --together``). The order within the pair decides
-        which engine is asked first either way."""
+        round, not two, and the pairs' ratios spread about as much. But with both engines stepping at once beside
+        the other worker, the candidate's extra CPU time is partly taken from the reference too: a planted delay
+        realized far more widely with rounds together than one after the other, whose round pairs also spread
+        less. A real CPU-bound regression would be understated the same way, so no tier runs rounds together; the
+        way stays for campaigns (``vramgate calibrate paired run --together``). The order within the pair decides
+        which engine is asked first either way. The measurements: docs/calibration.md, "Per gate run, on two
+        workers (CPU)" (the time) and "Rounds one after the other: the CPU tier's way, and the targets"."""
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         rng = random.Random(seed)

@@ -79,12 +79,10 @@ class PairedLoadSettings:
         return looks_until_verdict(one_look, self.tolerance, self.alpha, also=also)
 
 
-#: CPU (2 cores; docs/online-serving.md): bursts of 32 requests at concurrency 8, 64 + 32 tokens. An unchanged pair
-#: (60 rounds, beside a second pair's load) moved the median TPOT ratio of 20-round windows by -6% to +8%; the
-#: planted +15% step delay by +18% to +29%. At 10% / alpha 0.05 with a second look: 0 of 21 windows of the unchanged
-#: pair failed, 18 of 21 of the delayed pair did (overlapping windows of two runs: thin). TTFT under load is queueing
-#: and stalls on 2 cores (20-round windows -31% to +63% unchanged, no signal from the delay): judged at 100% only.
-#: GPU: not measured; the first runs on a GPU class calibrate it (docs/online-serving.md).
+#: CPU (2 cores): bursts of 32 requests at concurrency 8, 64 + 32 tokens; TPOT at 10% / alpha 0.05 with a second
+#: look (thinly calibrated: overlapping windows of two runs); TTFT under load is queueing and stalls on 2 cores, with
+#: no signal from a planted delay, so it is judged at 100% only. GPU: not measured; the first runs on a GPU class
+#: calibrate it. The measurements: docs/online-serving.md, "Paired A/B under load".
 PAIRED_LOAD_SETTINGS = {
     "cpu": PairedLoadSettings(rounds=20, tolerance={"tpot": 0.10, "ttft": 1.0}, alpha=0.05,
                               history_tolerance={"tpot": 0.15, "ttft": 1.0}),
