@@ -64,9 +64,8 @@ from vramgate.testing import (
 #: entry's; no KV budget: vLLM sizes the KV cache at the team's memory).
 BASE = EngineSpec(model="tiny-llama", kv_budget_gib=None)
 #: The allowance of the sustained load's memory slope, per 1,000 requests (the entry's budget may lower it): the
-#: test fails when the slope's 99.9% lower bound is above it (Note [leak fit] in vramgate.core.leak). Measured on 2
-#: cores (docs/online-serving.md, "The leak floor"): an unchanged server at most 2.1 KiB per request; with it the
-#: pre-merge load's floor is about 25 KiB per request, and the planted 64 KiB fails with its bound at 63.
+#: test fails when the slope's 99.9% lower bound is above it (Note [leak fit] in vramgate.core.leak). The campaign
+#: that chose it: docs/online-serving.md, "The leak floor" (docs/calibration.md's table has its rates).
 MEMORY_SLOPE_CEILING = 24 << 20
 #: The nightly soak's allowance: its longer load narrows the bound and outlasts a small leak's hidden start (the
 #: freed heap it fills first), so that it catches 16 KiB per request, per request or per token.
