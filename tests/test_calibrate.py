@@ -500,6 +500,36 @@ def test_analyze_reads_each_trials_first_rounds_only(tmp_path: Path, capsys: pyt
         assert why in capsys.readouterr().err
 
 
+def test_analyze_reads_the_trials_a_page_names_by_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``analyze --indices 0-3,8`` judges only those trials: a page's command keeps reproducing its tables when its
+    campaign's trials file grows; a malformed list is refused."""
+    import json
+
+    from vramgate.tools.calibration.gate_paired import main
+    from vramgate.tools.calibration.gate_paired.cli import index_ranges
+
+    assert index_ranges("0-3,8") == {0, 1, 2, 3, 8}
+    rng = random.Random(5)
+    lines = []
+    for i in range(10):  # trials 4-9 (a later campaign's) are +30% slower
+        ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(30)]
+        cand = [r * (1.3 if i >= 4 else 1.0) * rng.lognormvariate(0, 0.02) for r in ref]
+        lines.append(json.dumps({"profile": "p", "condition": "unchanged", "index": i, "ref": ref, "cand": cand,
+                                 "stat": "step", "together": False}))
+    (tmp_path / "trials.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["analyze", str(tmp_path)]) == 0
+    assert "| p | unchanged | 10 |" in capsys.readouterr().out
+    assert main(["analyze", str(tmp_path), "--indices", "0-3"]) == 0
+    text = capsys.readouterr().out
+    assert "| p | unchanged | 4 |" in text and "0.00 of 4" in text
+    assert main(["analyze", str(tmp_path), "--indices", "0-3,8"]) == 0
+    assert "| p | unchanged | 5 |" in capsys.readouterr().out  # trial 8's first look fails: 1/5
+    for bad in ("3-1", "a", "-2"):
+        with pytest.raises(SystemExit):
+            main(["analyze", str(tmp_path), "--indices", bad])
+        assert "indices and ranges such as 0-43,60-77" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("tier", ["cpu", "gpu"])
 def test_the_campaign_and_the_gate_reach_the_same_verdict_on_the_same_looks(tier: str) -> None:
     """The campaign's rules (``gate_paired.rules.Rules``, built from the tier's settings) and the gate's looks

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     z.add_argument("--together", choices=("yes", "no"),
                    help="only the trials whose rounds ran together (yes) or one after the other (no); a campaign "
                         "of run --both-ways holds both")
+    z.add_argument("--indices", type=index_ranges,
+                   help="only the trials of these indices, as ranges (0-43,60-77): a page's own trials, when its "
+                        "campaign's file has grown since")
     z.add_argument("--rounds", type=int,
                    help="each trial's first N round pairs only: what a test of N rounds would have seen")
     z.add_argument("--model-runs", type=int, default=0, help="simulated tests per profile for the noise model")
@@ -58,6 +61,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "in turn as one")
     z.add_argument("--baseline-pairs", type=int, default=BASELINE_PAIRS,
                    help="engine pairs (unchanged trials) per baseline of --own-history (the gate records 2)")
+
+
+def index_ranges(text: str) -> frozenset[int]:
+    """The trial indices *text* names: comma-separated indices and inclusive ranges (``0-43,60-77``)."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            lo, hi = int(first), int(last or first)
+            if lo < 0 or hi < lo:
+                raise ValueError(part)
+            out.update(range(lo, hi + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: indices and ranges such as 0-43,60-77") from None
+    return frozenset(out)
 
 
 def dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser, root: Path) -> int:
@@ -83,7 +101,8 @@ def dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser, root: Pa
         parser.error(str(exc))
     stat = args.stat or d.stat
     way = None if args.together is None else args.together == "yes"
-    trials = [t for t in load_trials(args.folders) if t.stat == stat and (way is None or t.together is way)]
+    trials = [t for t in load_trials(args.folders) if t.stat == stat and (way is None or t.together is way)
+              and (args.indices is None or t.index in args.indices)]
     if not trials:
         which = "" if way is None else (" with rounds together" if way else " with rounds one after the other")
         raise SystemExit(f"no trials of the statistic {stat!r}{which} in {', '.join(map(str, args.folders))}")
