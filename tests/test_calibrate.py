@@ -530,6 +530,36 @@ def test_analyze_reads_the_trials_a_page_names_by_index(tmp_path: Path, capsys: 
         assert "indices and ranges such as 0-43,60-77" in capsys.readouterr().err
 
 
+def test_analyze_judges_history_against_the_baseline_file_a_campaign_keeps(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``analyze --baselines FILE`` takes the stored ratios from a copy of a ``latency.json`` (those a campaign was
+    judged against), not from the key's current baselines; with ``--key`` too, or an unreadable file, it says so."""
+    import json
+
+    from vramgate.tools.calibration.gate_paired import main
+
+    rng = random.Random(3)
+    lines = []
+    for i in range(4):
+        ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(30)]
+        lines.append(json.dumps({"profile": "p", "condition": "unchanged", "index": i, "ref": ref,
+                                 "cand": [r * rng.lognormvariate(0, 0.02) for r in ref], "stat": "step"}))
+    (tmp_path / "trials.jsonl").write_text("\n".join(lines) + "\n")
+    kept = tmp_path / "baselines-kept-latency.json"
+    kept.write_text(json.dumps({"tests": {"suites/latency/test_paired_latency.py::test_profile_latency_ratio[p]": {
+        "metrics": {"step_ratio": {"samples": [0.8 * rng.lognormvariate(0, 0.01) for _ in range(30)]}}}}}))
+    assert main(["analyze", str(tmp_path)]) == 0
+    assert "stored baselines for: none" in capsys.readouterr().out
+    assert main(["analyze", str(tmp_path), "--baselines", str(kept)]) == 0
+    text = capsys.readouterr().out
+    assert "stored baselines for: p" in text and "(0 / 0 / 4)" in text  # 25% slower than the kept ratios
+    with pytest.raises(SystemExit):
+        main(["analyze", str(tmp_path), "--baselines", str(kept), "--key", "k"])
+    assert "--key and --baselines" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"not-there\.json: not a baseline file"):
+        main(["analyze", str(tmp_path), "--baselines", str(tmp_path / "not-there.json")])
+
+
 @pytest.mark.parametrize("tier", ["cpu", "gpu"])
 def test_the_campaign_and_the_gate_reach_the_same_verdict_on_the_same_looks(tier: str) -> None:
     """The campaign's rules (``gate_paired.rules.Rules``, built from the tier's settings) and the gate's looks

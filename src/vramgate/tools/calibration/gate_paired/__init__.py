@@ -24,7 +24,7 @@ gate's rules on trials), :mod:`.model` (the noise model and its bootstrap), :mod
 
 from __future__ import annotations
 
-from vramgate.tools.calibration.gate_paired.analyze import analyze, stored_ratios
+from vramgate.tools.calibration.gate_paired.analyze import analyze, ratios_in, stored_ratios
 from vramgate.tools.calibration.gate_paired.campaign import run
 from vramgate.tools.calibration.gate_paired.cli import main
 from vramgate.tools.calibration.gate_paired.model import NoiseModel, bootstrap_model, percentile, simulate
@@ -72,6 +72,7 @@ __all__ = [
     "main",
     "median_ratio",
     "percentile",
+    "ratios_in",
     "render",
     "run",
     "show_rate",

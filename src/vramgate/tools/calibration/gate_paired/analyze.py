@@ -94,9 +94,16 @@ def stored_ratios(root: Path, key: str, name: str) -> dict[str, list[float]]:
     """Each profile's stored samples of the paired test's metric *name* (``step_ratio``) under the baseline key *key*
     (none when it has none)."""
     path = root / "baselines" / key / "latency.json"
-    if not path.exists():
-        return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
+    return ratios_in(path, name) if path.exists() else {}
+
+
+def ratios_in(path: Path, name: str) -> dict[str, list[float]]:
+    """Each profile's samples of the paired test's metric *name* in the baseline file *path* (a ``latency.json``:
+    the key's stored one, or a copy a campaign keeps of the baselines it was judged against)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{path}: not a baseline file ({exc})") from None
     out = {}
     for nodeid, test in data.get("tests", {}).items():
         if "test_profile_latency_ratio[" in nodeid and name in test.get("metrics", {}):

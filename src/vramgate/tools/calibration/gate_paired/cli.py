@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vramgate.tools.calibration.gate_paired.analyze import analyze, stored_ratios
+from vramgate.tools.calibration.gate_paired.analyze import analyze, ratios_in, stored_ratios
 from vramgate.tools.calibration.gate_paired.campaign import run
 from vramgate.tools.calibration.gate_paired.render import render
 from vramgate.tools.calibration.gate_paired.rules import BASELINE_PAIRS, Rules
@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     z = sub.add_parser("analyze")
     z.add_argument("folders", type=Path, nargs="+")
     z.add_argument("--key", default="", help="the baseline key whose stored ratios the history check uses")
+    z.add_argument("--baselines", type=Path,
+                   help="the baseline file (latency.json) whose ratios the history check uses: the copy a campaign "
+                        "keeps of those it was judged against (instead of --key's, which move on)")
     z.add_argument("--tolerance", type=float)
     z.add_argument("--alpha", type=float)
     z.add_argument("--history-tolerance", type=float)
@@ -112,7 +115,11 @@ def dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser, root: Pa
             parser.error(f"--rounds {args.rounds}: " + ("must be at least 1" if args.rounds < 1 else
                          f"trials {', '.join(map(str, short[:5]))} have fewer round pairs"))
         trials = [dataclasses.replace(t, ref=t.ref[:args.rounds], cand=t.cand[:args.rounds]) for t in trials]
-    result = analyze(trials, stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None, rules,
+    if args.key and args.baselines:
+        parser.error("--key and --baselines: give one")
+    stored = (ratios_in(args.baselines, f"{stat}_ratio") if args.baselines else
+              stored_ratios(root, args.key, f"{stat}_ratio") if args.key else None)
+    result = analyze(trials, stored, rules,
                      args.model_runs, own_history=args.own_history, baseline_pairs=args.baseline_pairs,
                      bootstrap=args.bootstrap)
     result["stat"] = stat
