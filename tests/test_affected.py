@@ -240,6 +240,7 @@ def test_a_matrix_entry_runs_its_own_cases_only(pytester: pytest.Pytester) -> No
     (root / "vramgate.toml").write_text(TWO_ENTRIES)
     (root / ".gitignore").write_text("runpytest-*\nstdout\nstderr\n")  # pytester's own files
     pytester.makepyfile(**{"suites/capacity/test_cap": MATRIX_TEST})
+    shutil.copy(ROOT / "suites" / "capacity" / "suite.toml", root / "suites" / "capacity")  # the suite, declared
     git(root, "init", "-q", "-b", "main")
     commit(root)
     args = ("-p", "vramgate.testing.fixtures", "-p", "no:cacheprovider", "--gate-hardware", "test-hw", "suites",

@@ -195,6 +195,8 @@ weights_bytes = "<= 74 GiB"
 def gated(pytester: pytest.Pytester, matrix: str = MATRIX) -> pytest.Pytester:
     shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", pytester.path / "fixtures" / "models" / "tiny-llama")
     pytester.makefile(".toml", vramgate=matrix)
+    (pytester.path / "suites" / "capacity").mkdir(parents=True)  # the suite the matrix names, declared
+    shutil.copy(ROOT / "suites" / "capacity" / "suite.toml", pytester.path / "suites" / "capacity")
     pytester.makepyfile(test_cap=GATED)
     return pytester
 
@@ -238,7 +240,7 @@ def test_adding_a_model_adds_its_cases_to_the_kv_capacity_and_latency_suites(tmp
     """A third tiny config in the matrix file: new cases in three suites, no suite code edited."""
     project = tmp_path / "project"
     for part in ("conftest.py", "pyproject.toml", "suites/kv_cache", "suites/capacity", "suites/latency",
-                 "fixtures/models"):
+                 "suites/serving_capacity/suite.toml", "suites/serving/suite.toml", "fixtures/models"):
         copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
         (project / part).parent.mkdir(parents=True, exist_ok=True)
         copy(ROOT / part, project / part)
@@ -276,19 +278,53 @@ def test_the_command_checks_and_lists(capsys: pytest.CaptureFixture[str], tmp_pa
 
 
 def test_the_suites_record_the_metrics_budgets_may_name() -> None:
-    """What each matrix suite declares it records (Note [matrix suites]) is what its code records (a budget on
-    another name could never fail)."""
+    """What each matrix suite declares it records (its suite.toml, Note [suite files]) is what its tests record
+    (a budget on another name could never fail); the registered rules are those declarations."""
     import re
 
-    from vramgate.matrix import suite_rules
+    from vramgate.matrix import project_suites, suite_rules
 
-    root = Path(__file__).resolve().parents[1]
-    rules = suite_rules()
-    assert set(rules) >= {"kv_cache", "capacity", "latency", "serving_capacity", "serving"}
-    for suite, rule in rules.items():
-        code = "".join(p.read_text() for p in (root / "suites" / suite).glob("test_*.py"))
+    declared = {name: s.matrix for name, s in project_suites(ROOT).items() if s.matrix is not None}
+    assert set(declared) == {"kv_cache", "capacity", "latency", "serving_capacity", "serving"}
+    for suite, rule in declared.items():
+        code = "".join(p.read_text() for p in (ROOT / "suites" / suite).glob("test_*.py"))
         recorded = set(re.findall(r'gate\.record(?:_samples|_paired)?\(\s*"([a-z0-9_]+)"', code))
         assert recorded == set(rule.metrics), suite
+        assert suite_rules()[suite] == rule
+    assert not (ROOT / "src" / "vramgate" / "testing" / "matrix_suites.py").read_text().count("metrics=(")
+
+
+def test_a_suite_declares_itself_in_its_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A project's suites/<name>/suite.toml makes the suite one its matrix may name, for pytest and the CLI alike
+    (Note [suite files]); a bad declaration names the file and field, and headline says what an upgrade report
+    shows side by side."""
+    from vramgate.matrix import project_suites, suite_rules
+    from vramgate.matrix import suites as registry
+    from vramgate.tools.cli import main
+    from vramgate.tools.upgrade import headline_suites
+
+    (tmp_path / "suites" / "queues").mkdir(parents=True)
+    (tmp_path / "suites" / "notes").mkdir()
+    (tmp_path / "suites" / "notes" / "suite.toml").write_text("headline = true\n")
+    decl = tmp_path / "suites" / "queues" / "suite.toml"
+    decl.write_text('[matrix]\nmetrics = ["queue_depth"]\nkv_only = true\n')
+    (tmp_path / "vramgate.toml").write_text('[models.tiny-llama]\n[[entries]]\nsuites = ["queues"]\n'
+                                            'model = "tiny-llama"\n[entries.budgets]\nqueue_depth = "<= 8"\n')
+    try:
+        assert main(["matrix", "--check", "--root", str(tmp_path)]) == 2  # not a project: no fixtures/models
+        assert "queues" not in suite_rules()
+        shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", tmp_path / "fixtures" / "models" / "tiny-llama")
+        assert main(["matrix", "--check", "--root", str(tmp_path)]) == 0
+        assert "vramgate.toml: 1 models, 0 workloads, 1 entries: valid" in capsys.readouterr().out
+        assert suite_rules()["queues"].kv_only and "notes" not in suite_rules()
+        assert headline_suites(tmp_path) == ("notes",)
+        decl.write_text('[matrix]\nmetric = ["queue_depth"]\n')
+        with pytest.raises(MatrixError, match=r"^suites/queues/suite.toml: matrix.metric: unknown field; did you "
+                                              "mean metrics"):
+            project_suites(tmp_path)
+    finally:
+        registry._SUITES.pop("queues", None)
+    assert headline_suites(ROOT) == ("block_manager", "capacity", "serving_capacity")
 
 
 def test_a_project_declares_its_own_suite_to_the_matrix() -> None:

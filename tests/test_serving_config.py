@@ -146,6 +146,9 @@ def test_the_plan_lists_the_serving_cases_and_what_they_would_record(pytester: p
     import shutil
 
     shutil.copytree(ROOT / "suites" / "serving_capacity", pytester.path / "suites" / "serving_capacity")
+    for declared in (ROOT / "suites").glob("*/suite.toml"):  # the other suites the matrix names
+        (pytester.path / "suites" / declared.parent.name).mkdir(exist_ok=True)
+        shutil.copy(declared, pytester.path / "suites" / declared.parent.name)
     shutil.copytree(ROOT / "fixtures" / "models", pytester.path / "fixtures" / "models")
     shutil.copy(ROOT / "vramgate.toml", pytester.path / "vramgate.toml")
     shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")

@@ -14,6 +14,7 @@ from vramgate.matrix.loader import (
 )
 from vramgate.matrix.project import project_matrix
 from vramgate.matrix.select import Machine, collection_problem, gpu_count_problem, missing_trace
+from vramgate.matrix.suite_files import SuiteDeclaration, project_suites
 from vramgate.matrix.suites import SuiteRule, suite_rules
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Matrix",
     "MatrixError",
     "ServingLoad",
+    "SuiteDeclaration",
     "SuiteRule",
     "collection_problem",
     "default_matrix",
@@ -33,5 +35,6 @@ __all__ = [
     "missing_trace",
     "parse_matrix",
     "project_matrix",
+    "project_suites",
     "suite_rules",
 ]

@@ -46,7 +46,6 @@ from vramgate.matrix import (
 from vramgate.pytest_plugin.affected import TestInput
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.store.changes import ChangeSet
-from vramgate.testing import matrix_suites  # noqa: F401 - registers the repository's suites
 
 #: The mark's line in ``pytest --markers``.
 MARKER_HELP = ("gate_matrix(suite, *, id): parametrize the test's model, block_size, kv_cache_dtype, ... by the "
