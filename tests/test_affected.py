@@ -97,7 +97,7 @@ def change(root: Path, name: str, text: str = "# changed\n") -> None:
     ("suites/durations.json", "none"), ("calibration/x.md", "none"), ("examples/team-matrix.toml", "none"),
     ("suites/kv_cache/test_kv.py", "some"), ("patches/kv-fp8/manifest.toml", "some"),
     ("fixtures/models/tiny-llama/config.json", "some"), ("baselines/cpu/kv_cache.json", "some"),
-    ("vramgate.toml", "some"),
+    ("vramgate.toml", "some"), ("src/vramgate/matrix/default.toml", "some"), ("suites/capacity/suite.toml", "some"),
 ])
 def test_each_file_reaches_every_test_none_or_those_that_declare_it(path: str, kind: str) -> None:
     assert reach(path).kind == kind

@@ -167,7 +167,11 @@ def test_suites_import_only_the_gate_and_its_testing_layer() -> None:
     assert not wrong, "suites import from vramgate and vramgate.testing only:\n" + "\n".join(wrong)
 
 
-def test_the_package_says_it_is_typed() -> None:
-    """PEP 561: ``py.typed`` ships with the package, so users' type checkers read the typed fixtures."""
-    assert (PACKAGE / "py.typed").is_file()
-    assert 'vramgate = ["py.typed"]' in (PACKAGE.parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+def test_the_package_says_it_is_typed_and_ships_its_default_matrix() -> None:
+    """PEP 561: ``py.typed`` ships with the package, so users' type checkers read the typed fixtures; so does the
+    built-in default matrix (package data, read with importlib.resources)."""
+    import tomllib
+
+    assert (PACKAGE / "py.typed").is_file() and (PACKAGE / "matrix" / "default.toml").is_file()
+    pyproject = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["setuptools"]["package-data"]["vramgate"] == ["py.typed", "matrix/default.toml"]

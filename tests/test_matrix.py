@@ -17,6 +17,7 @@ from vramgate.matrix import (
     MatrixError,
     collection_problem,
     default_matrix,
+    default_matrix_text,
     gpu_count_problem,
     load_matrix,
     missing_trace,
@@ -134,10 +135,17 @@ def test_selection_by_tier_gpu_class_and_gpu_count(tmp_path: Path) -> None:
     assert missing_trace(big, tmp_path) is None
 
 
-def test_the_shipped_file_is_the_built_in_default_and_gives_todays_cases() -> None:
-    """What the suites collected before the matrix, on both tiers, in the same order."""
-    shipped, default = load_matrix(ROOT / MATRIX_FILE, ROOT), default_matrix()
-    assert shipped.entries == default.entries and shipped.models == default.models
+def test_the_repository_runs_on_the_built_in_default_which_gives_todays_cases() -> None:
+    """The default matrix ships once, as package data, and the repository runs on it (no vramgate.toml of its
+    own); what the suites collected before the matrix, on both tiers, in the same order."""
+    from vramgate.matrix import default_matrix_path
+
+    assert not (ROOT / MATRIX_FILE).exists()
+    path = default_matrix_path()
+    assert path == ROOT / "src" / "vramgate" / "matrix" / "default.toml"
+    shipped, default = load_matrix(path, ROOT), default_matrix()  # its model configs are the repository's
+    assert shipped.entries == default.entries and shipped.models == default.models and len(default.entries) == 20
+    assert project_matrix(ROOT).entries == default.entries
     assert project_matrix(ROOT / "no-such-project").entries == default.entries
     models = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
     kv = matrix_params(default, "kv_cache", ["model", "block_size", "kv_cache_dtype"],
@@ -247,7 +255,7 @@ def test_adding_a_model_adds_its_cases_to_the_kv_capacity_and_latency_suites(tmp
     shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", project / "fixtures" / "models" / "tiny-llama-b")
     added = ('\n[models.tiny-llama-b]\n[[entries]]\nsuites = ["kv_cache", "capacity", "latency"]\n'
              'model = "tiny-llama-b"\nblock_size = 32\n')
-    (project / MATRIX_FILE).write_text((ROOT / MATRIX_FILE).read_text(encoding="utf-8") + added, encoding="utf-8")
+    (project / MATRIX_FILE).write_text(default_matrix_text() + added, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider",
@@ -338,6 +346,10 @@ def test_a_project_declares_its_own_suite_to_the_matrix() -> None:
            '[entries.budgets]\nqueue_depth = "<= 8"\n'
     with pytest.raises(MatrixError, match="unknown suite 'team_suite'"):
         parse_matrix(text, "vramgate.toml", ROOT)
+    # the built-in default's way: an entry of a suite the project lacks is left out, the others keep their index
+    both = text + '[[entries]]\nsuites = ["capacity"]\nmodel = "tiny-llama"\n'
+    assert [(e.index, e.suites) for e in parse_matrix(both, "default", ROOT, undeclared=True).entries] == [
+        (1, ("capacity",))]
     try:
         matrix_suite("team_suite", metrics=("queue_depth",))
         (entry,) = parse_matrix(text, "vramgate.toml", ROOT).entries
@@ -356,11 +368,15 @@ def test_a_project_declares_its_own_suite_to_the_matrix() -> None:
     assert not constants & {"kv_cache", "capacity", "latency", "serving_capacity"}  # "serving" is also a table
 
 
-def test_the_readme_shows_the_team_matrix_that_is_checked() -> None:
-    """The README's team matrix is examples/team-matrix.toml, which the unit env checks."""
-    root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
-    assert "```toml\n" + (root / "examples" / "team-matrix.toml").read_text() + "```" in readme
+def test_the_readme_quotes_the_team_matrix_that_is_checked() -> None:
+    """The README links examples/team-matrix.toml, which the unit env checks, and its excerpt is whole lines of
+    that file, verbatim."""
+    readme = (ROOT / "README.md").read_text()
+    link = "[`examples/team-matrix.toml`](examples/team-matrix.toml)"
+    assert link in readme
+    excerpt = readme.split(link, 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    assert excerpt.count("\n") >= 10
+    assert "\n" + excerpt in "\n" + (ROOT / "examples" / "team-matrix.toml").read_text()
 
 
 @pytest.mark.parametrize(("key", "gpu", "matches"), [

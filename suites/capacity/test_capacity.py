@@ -3,7 +3,7 @@
 vLLM's CPU (or GPU) engine starts with ``kv_cache_memory_bytes`` = the budget;
 the blocks it allocates must be ``budget // (page bytes x layers)`` and its
 token capacity ``blocks x block_size``, with ``page bytes`` from the model's
-architecture (no padding). The models and block sizes per tier are the matrix's (``vramgate.toml``): each
+architecture (no padding). The models and block sizes per tier are the matrix's (docs/matrix.md): each
 model's shared block size first (the latency and quantization suites run it too, so the session runs that
 engine once), then the entries marked ``nightly`` (the full gate only).
 

@@ -6,7 +6,7 @@ cuBLASLt"). vLLM sizes a page as ``2 x block_size x num_kv_heads x head_size x
 dtype`` (full attention) or ``block_size x 576 x dtype`` (MLA), with no padding,
 and per-token bytes do not depend on the block size.
 
-The models, block sizes and KV dtypes are the matrix's (``vramgate.toml``, docs/matrix.md).
+The models, block sizes and KV dtypes are the matrix's (docs/matrix.md).
 """
 
 from __future__ import annotations

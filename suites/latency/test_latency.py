@@ -5,7 +5,7 @@ request is one sample. On the CPU tier the engine runs one OpenMP thread on a
 shared machine beside the other xdist worker, so these gate only gross
 regressions (tolerance 300%: a fourfold latency fails; docs/calibration.md); on a GPU box 30% (calibrated on
 an H200 for kernels). The models (and each one's block size) are the
-matrix's (``vramgate.toml``).
+matrix's (docs/matrix.md).
 """
 
 from __future__ import annotations

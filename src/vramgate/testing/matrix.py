@@ -32,12 +32,14 @@ import pytest
 
 from vramgate.engine import EngineSpec, engine_tier
 from vramgate.matrix import (
+    DEFAULT_SOURCE,
     Budget,
     Entry,
     Machine,
     Matrix,
     MatrixError,
     collection_problem,
+    default_matrix_path,
     gpu_count_problem,
     missing_trace,
     parse_matrix,
@@ -248,11 +250,14 @@ def entry_inputs(item: pytest.Item) -> list[TestInput]:
         return []
     matrix = session_matrix(item.config)
     root = item.config.rootpath
-    path = Path(matrix.source)
+    default = matrix.source == DEFAULT_SOURCE
+    path = default_matrix_path() if default else Path(matrix.source)
+    if path is None:
+        return []
     try:
         rel = (path if path.is_absolute() else root / path).resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
-        return []  # a matrix outside the project: vramgate's own default, or a file the change cannot touch
+        return []  # a matrix outside the project: an installed vramgate's default, or a file the change cannot touch
 
     def same(entry: Entry) -> str:
         return repr(dataclasses.replace(entry, index=0))
@@ -261,7 +266,7 @@ def entry_inputs(item: pytest.Item) -> list[TestInput]:
         text = changes.at_base(rel)
         if text is None:
             return False
-        return same(entry) in {same(e) for e in parse_matrix(text, rel, root).entries}
+        return same(entry) in {same(e) for e in parse_matrix(text, rel, root, undeclared=default).entries}
 
     return [TestInput(f"its matrix entry ({rel}: entries[{entry.index}])", (rel,), unchanged)]
 
