@@ -24,7 +24,8 @@ from vramgate.matrix import (
     parse_matrix,
     project_matrix,
 )
-from vramgate.testing import SMALL_RUN_BLOCK_SIZE, SMALL_RUN_BLOCK_SIZE_AMX, matrix_params
+from vramgate.testing.engines import SMALL_RUN_BLOCK_SIZE, SMALL_RUN_BLOCK_SIZE_AMX
+from vramgate.testing.matrix import matrix_params
 from vramgate.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

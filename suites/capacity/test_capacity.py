@@ -16,7 +16,9 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Engine, MatrixCase, ModelLoader, computed_tier, small_run_spec
+from vramgate.testing import Engine, MatrixCase, ModelLoader
+from vramgate.testing.engines import small_run_spec
+from vramgate.testing.machine import computed_tier
 
 
 @pytest.mark.gate_matrix("capacity", id="{model}-bs{block_size}")
@@ -28,7 +30,7 @@ def test_engine_kv_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader
     assert spec.kv_budget_gib is not None  # the shared small run has a fixed budget
     budget = int(spec.kv_budget_gib * 2**30)
     if computed_tier():  # Note [a tier's portable figures computed on CPU]: vLLM's own accounting at the budget
-        from vramgate.testing import vllm_kv_layout
+        from vramgate.testing.models import vllm_kv_layout
 
         layout = vllm_kv_layout(model_shape.path(model), block_size=block_size, kv_cache_dtype=kv_dtype,
                                 budget_bytes=budget, max_model_len=spec.max_model_len)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Engine, MatrixCase, small_run_spec, unpaired_latency_tolerance
+from vramgate.testing import Engine, MatrixCase
+from vramgate.testing.engines import small_run_spec, unpaired_latency_tolerance
 
 #: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
 TOLERANCE = unpaired_latency_tolerance()

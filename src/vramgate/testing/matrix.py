@@ -49,6 +49,23 @@ from vramgate.pytest_plugin.affected import TestInput
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.store.changes import ChangeSet
 
+__all__ = [
+    "ARGUMENTS",
+    "ENTRY_MARKER_HELP",
+    "MARKER_HELP",
+    "MATRIX_OPTION",
+    "MatrixCase",
+    "budgets_hook",
+    "case_entry",
+    "entry_inputs",
+    "give_budgets",
+    "mark_arguments",
+    "matrix_params",
+    "parametrize_matrix",
+    "session_machine",
+    "session_matrix",
+]
+
 #: The mark's line in ``pytest --markers``.
 MARKER_HELP = ("gate_matrix(suite, *, id): parametrize the test's model, block_size, kv_cache_dtype, ... by the "
                "entries of the project's matrix (vramgate.toml) that name SUITE and run on this machine; ID is "
