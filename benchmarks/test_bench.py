@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vramgate.engine import EngineSpec, run_engine
-from vramgate.testing import small_run_block_size
+from vramgate.testing.engines import small_run_block_size
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,11 +2,14 @@ from pathlib import Path
 
 import pytest
 
-import vramgate.testing.matrix_suites  # noqa: F401 - the repository's matrix suites, registered once for every test
 from patch_support import ORIGINAL
+from vramgate.matrix.suite_files import declare_project_suites
 from vramgate.profiles import overlay
 
 pytest_plugins = ["pytester"]
+
+# The repository's matrix suites (suites/*/suite.toml), registered once for every test that reads a matrix.
+declare_project_suites(Path(__file__).resolve().parents[1])
 
 # Writing a report imports matplotlib (and numpy) inside in-process pytester runs. pytester drops the modules an
 # inner run imported when it ends, and numpy refuses to load twice in one process: import them once, up front,

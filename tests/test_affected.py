@@ -97,7 +97,7 @@ def change(root: Path, name: str, text: str = "# changed\n") -> None:
     ("suites/durations.json", "none"), ("calibration/x.md", "none"), ("examples/team-matrix.toml", "none"),
     ("suites/kv_cache/test_kv.py", "some"), ("patches/kv-fp8/manifest.toml", "some"),
     ("fixtures/models/tiny-llama/config.json", "some"), ("baselines/cpu/kv_cache.json", "some"),
-    ("vramgate.toml", "some"),
+    ("vramgate.toml", "some"), ("src/vramgate/matrix/default.toml", "some"), ("suites/capacity/suite.toml", "some"),
 ])
 def test_each_file_reaches_every_test_none_or_those_that_declare_it(path: str, kind: str) -> None:
     assert reach(path).kind == kind
@@ -240,6 +240,7 @@ def test_a_matrix_entry_runs_its_own_cases_only(pytester: pytest.Pytester) -> No
     (root / "vramgate.toml").write_text(TWO_ENTRIES)
     (root / ".gitignore").write_text("runpytest-*\nstdout\nstderr\n")  # pytester's own files
     pytester.makepyfile(**{"suites/capacity/test_cap": MATRIX_TEST})
+    shutil.copy(ROOT / "suites" / "capacity" / "suite.toml", root / "suites" / "capacity")  # the suite, declared
     git(root, "init", "-q", "-b", "main")
     commit(root)
     args = ("-p", "vramgate.testing.fixtures", "-p", "no:cacheprovider", "--gate-hardware", "test-hw", "suites",
@@ -301,3 +302,26 @@ def test_the_workflows_run_what_a_pull_request_touches_and_everything_on_main() 
     assert "nothing to run" in steps["Say what a docs-only change left out"]["run"]
     gpu = (ROOT / ".github" / "workflows" / "gpu-gate.yml").read_text()
     assert "--gate-affected \"$BASE_SHA\"" in gpu and "BASE_SHA: ${{ github.event.pull_request.base.sha }}" in gpu
+
+
+def test_a_change_to_the_built_in_default_keeps_its_changed_entries_cases() -> None:
+    """Where the project runs on the built-in default from vramgate's source (the repository), a case's matrix
+    input is the default's file, compared entry by entry like a vramgate.toml."""
+    from types import SimpleNamespace
+
+    from vramgate.matrix import default_matrix, default_matrix_text
+    from vramgate.testing import matrix as testing_matrix
+
+    matrix = default_matrix()
+    entry = matrix.entries[4]  # capacity and latency on tiny-llama, cpu, block size 32
+    config = SimpleNamespace(stash={testing_matrix._STASH: matrix}, rootpath=ROOT)
+    item = SimpleNamespace(config=config, get_closest_marker=lambda name: SimpleNamespace(args=(entry,)))
+    (found,) = testing_matrix.entry_inputs(item)  # type: ignore[arg-type]
+    assert found.paths == ("src/vramgate/matrix/default.toml",)
+    assert found.label == "its matrix entry (src/vramgate/matrix/default.toml: entries[4])"
+    text = default_matrix_text()
+    assert found.unchanged is not None
+    assert found.unchanged(SimpleNamespace(at_base=lambda rel: text))  # type: ignore[arg-type]
+    moved = text.replace('model = "tiny-llama"\ntier = "cpu"\nblock_size = 32\n', 'model = "tiny-llama"\n'
+                         'tier = "cpu"\nblock_size = 64\n', 1)
+    assert moved != text and not found.unchanged(SimpleNamespace(at_base=lambda rel: moved))  # type: ignore[arg-type]

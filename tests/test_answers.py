@@ -24,7 +24,7 @@ from vramgate.engine import EngineResult
 from vramgate.models import recall
 from vramgate.profiles import ProfileError, default_expectation, load_profile
 from vramgate.pytest_plugin.fixture import Gate
-from vramgate.testing import check_answers
+from vramgate.testing.answers import check_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 HW = ("--gate-hardware", "test-hw")
@@ -374,7 +374,7 @@ from pathlib import Path
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_answers import result, REFERENCE, DIVERGED, DIVERGED_REFERENCE
 from vramgate.profiles import load_profile
-from vramgate.testing import check_answers
+from vramgate.testing.answers import check_answers
 
 WATERMARK = load_profile(Path({str(WATERMARK)!r}))
 

@@ -153,8 +153,9 @@ def test_the_docstring_rule_sees_a_gap(tmp_path: Path) -> None:
 
 
 def test_suites_import_only_the_gate_and_its_testing_layer() -> None:
-    """A suite builds on ``vramgate`` (the gate fixture's object) and ``vramgate.testing`` (fixtures, helpers and the
-    names of the layers below it that suites use) only: the modules behind them may split or move."""
+    """A suite builds on ``vramgate`` (the gate fixture's object), ``vramgate.testing`` (the fixtures' classes and
+    the marks) and its topic modules (``vramgate.testing.engines``: helpers and the names of the layers below that
+    suites use) only: the modules behind them may split or move."""
     root = PACKAGE.parents[1]
     wrong = []
     for path in sorted((root / "suites").rglob("*.py")):
@@ -162,12 +163,30 @@ def test_suites_import_only_the_gate_and_its_testing_layer() -> None:
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             for name in names:
-                if name.split(".")[0] == "vramgate" and name not in ("vramgate", "vramgate.testing"):
+                topic = name.startswith("vramgate.testing.") and name.count(".") == 2
+                if name.split(".")[0] == "vramgate" and name not in ("vramgate", "vramgate.testing") and not topic:
                     wrong.append(f"{path.relative_to(root)}:{node.lineno} imports {name}")
-    assert not wrong, "suites import from vramgate and vramgate.testing only:\n" + "\n".join(wrong)
+    assert not wrong, "suites import from vramgate, vramgate.testing and its modules only:\n" + "\n".join(wrong)
 
 
-def test_the_package_says_it_is_typed() -> None:
-    """PEP 561: ``py.typed`` ships with the package, so users' type checkers read the typed fixtures."""
-    assert (PACKAGE / "py.typed").is_file()
-    assert 'vramgate = ["py.typed"]' in (PACKAGE.parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+def test_the_testing_facade_holds_the_fixtures_classes_and_the_marks() -> None:
+    """``vramgate.testing`` itself names what the suites' plugin hands out (each fixture's class), the matrix
+    mark's case and suite declaration, and the gate's session; the rest lives in its topic modules."""
+    import vramgate.testing
+    from vramgate.testing import fixtures
+
+    handed_out = {n.id for f in ast.parse(Path(fixtures.__file__).read_text(encoding="utf-8")).body
+                  if isinstance(f, ast.FunctionDef) and f.returns for n in ast.walk(f.returns)
+                  if isinstance(n, ast.Name)}  # each fixture's class, Iterator[Engine]'s too
+    assert set(vramgate.testing.__all__) - handed_out == {"MatrixCase", "gate_session", "matrix_suite"}
+    assert len(vramgate.testing.__all__) == 10
+
+
+def test_the_package_says_it_is_typed_and_ships_its_default_matrix() -> None:
+    """PEP 561: ``py.typed`` ships with the package, so users' type checkers read the typed fixtures; so does the
+    built-in default matrix (package data, read with importlib.resources)."""
+    import tomllib
+
+    assert (PACKAGE / "py.typed").is_file() and (PACKAGE / "matrix" / "default.toml").is_file()
+    pyproject = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["setuptools"]["package-data"]["vramgate"] == ["py.typed", "matrix/default.toml"]

@@ -17,13 +17,15 @@ from vramgate.matrix import (
     MatrixError,
     collection_problem,
     default_matrix,
+    default_matrix_text,
     gpu_count_problem,
     load_matrix,
     missing_trace,
     parse_matrix,
     project_matrix,
 )
-from vramgate.testing import SMALL_RUN_BLOCK_SIZE, SMALL_RUN_BLOCK_SIZE_AMX, matrix_params
+from vramgate.testing.engines import SMALL_RUN_BLOCK_SIZE, SMALL_RUN_BLOCK_SIZE_AMX
+from vramgate.testing.matrix import matrix_params
 from vramgate.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,10 +136,17 @@ def test_selection_by_tier_gpu_class_and_gpu_count(tmp_path: Path) -> None:
     assert missing_trace(big, tmp_path) is None
 
 
-def test_the_shipped_file_is_the_built_in_default_and_gives_todays_cases() -> None:
-    """What the suites collected before the matrix, on both tiers, in the same order."""
-    shipped, default = load_matrix(ROOT / MATRIX_FILE, ROOT), default_matrix()
-    assert shipped.entries == default.entries and shipped.models == default.models
+def test_the_repository_runs_on_the_built_in_default_which_gives_todays_cases() -> None:
+    """The default matrix ships once, as package data, and the repository runs on it (no vramgate.toml of its
+    own); what the suites collected before the matrix, on both tiers, in the same order."""
+    from vramgate.matrix import default_matrix_path
+
+    assert not (ROOT / MATRIX_FILE).exists()
+    path = default_matrix_path()
+    assert path == ROOT / "src" / "vramgate" / "matrix" / "default.toml"
+    shipped, default = load_matrix(path, ROOT), default_matrix()  # its model configs are the repository's
+    assert shipped.entries == default.entries and shipped.models == default.models and len(default.entries) == 20
+    assert project_matrix(ROOT).entries == default.entries
     assert project_matrix(ROOT / "no-such-project").entries == default.entries
     models = ["deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "llama-3.1-8b"]
     kv = matrix_params(default, "kv_cache", ["model", "block_size", "kv_cache_dtype"],
@@ -195,6 +204,8 @@ weights_bytes = "<= 74 GiB"
 def gated(pytester: pytest.Pytester, matrix: str = MATRIX) -> pytest.Pytester:
     shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", pytester.path / "fixtures" / "models" / "tiny-llama")
     pytester.makefile(".toml", vramgate=matrix)
+    (pytester.path / "suites" / "capacity").mkdir(parents=True)  # the suite the matrix names, declared
+    shutil.copy(ROOT / "suites" / "capacity" / "suite.toml", pytester.path / "suites" / "capacity")
     pytester.makepyfile(test_cap=GATED)
     return pytester
 
@@ -238,14 +249,14 @@ def test_adding_a_model_adds_its_cases_to_the_kv_capacity_and_latency_suites(tmp
     """A third tiny config in the matrix file: new cases in three suites, no suite code edited."""
     project = tmp_path / "project"
     for part in ("conftest.py", "pyproject.toml", "suites/kv_cache", "suites/capacity", "suites/latency",
-                 "fixtures/models"):
+                 "suites/serving_capacity/suite.toml", "suites/serving/suite.toml", "fixtures/models"):
         copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
         (project / part).parent.mkdir(parents=True, exist_ok=True)
         copy(ROOT / part, project / part)
     shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", project / "fixtures" / "models" / "tiny-llama-b")
     added = ('\n[models.tiny-llama-b]\n[[entries]]\nsuites = ["kv_cache", "capacity", "latency"]\n'
              'model = "tiny-llama-b"\nblock_size = 32\n')
-    (project / MATRIX_FILE).write_text((ROOT / MATRIX_FILE).read_text(encoding="utf-8") + added, encoding="utf-8")
+    (project / MATRIX_FILE).write_text(default_matrix_text() + added, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "-p", "no:cacheprovider",
@@ -276,19 +287,53 @@ def test_the_command_checks_and_lists(capsys: pytest.CaptureFixture[str], tmp_pa
 
 
 def test_the_suites_record_the_metrics_budgets_may_name() -> None:
-    """What each matrix suite declares it records (Note [matrix suites]) is what its code records (a budget on
-    another name could never fail)."""
+    """What each matrix suite declares it records (its suite.toml, Note [suite files]) is what its tests record
+    (a budget on another name could never fail); the registered rules are those declarations."""
     import re
 
-    from vramgate.matrix import suite_rules
+    from vramgate.matrix import project_suites, suite_rules
 
-    root = Path(__file__).resolve().parents[1]
-    rules = suite_rules()
-    assert set(rules) >= {"kv_cache", "capacity", "latency", "serving_capacity", "serving"}
-    for suite, rule in rules.items():
-        code = "".join(p.read_text() for p in (root / "suites" / suite).glob("test_*.py"))
+    declared = {name: s.matrix for name, s in project_suites(ROOT).items() if s.matrix is not None}
+    assert set(declared) == {"kv_cache", "capacity", "latency", "serving_capacity", "serving"}
+    for suite, rule in declared.items():
+        code = "".join(p.read_text() for p in (ROOT / "suites" / suite).glob("test_*.py"))
         recorded = set(re.findall(r'gate\.record(?:_samples|_paired)?\(\s*"([a-z0-9_]+)"', code))
         assert recorded == set(rule.metrics), suite
+        assert suite_rules()[suite] == rule
+    assert not (ROOT / "src" / "vramgate" / "testing" / "matrix_suites.py").read_text().count("metrics=(")
+
+
+def test_a_suite_declares_itself_in_its_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A project's suites/<name>/suite.toml makes the suite one its matrix may name, for pytest and the CLI alike
+    (Note [suite files]); a bad declaration names the file and field, and headline says what an upgrade report
+    shows side by side."""
+    from vramgate.matrix import project_suites, suite_rules
+    from vramgate.matrix import suites as registry
+    from vramgate.tools.cli import main
+    from vramgate.tools.upgrade import headline_suites
+
+    (tmp_path / "suites" / "queues").mkdir(parents=True)
+    (tmp_path / "suites" / "notes").mkdir()
+    (tmp_path / "suites" / "notes" / "suite.toml").write_text("headline = true\n")
+    decl = tmp_path / "suites" / "queues" / "suite.toml"
+    decl.write_text('[matrix]\nmetrics = ["queue_depth"]\nkv_only = true\n')
+    (tmp_path / "vramgate.toml").write_text('[models.tiny-llama]\n[[entries]]\nsuites = ["queues"]\n'
+                                            'model = "tiny-llama"\n[entries.budgets]\nqueue_depth = "<= 8"\n')
+    try:
+        assert main(["matrix", "--check", "--root", str(tmp_path)]) == 2  # not a project: no fixtures/models
+        assert "queues" not in suite_rules()
+        shutil.copytree(ROOT / "fixtures" / "models" / "tiny-llama", tmp_path / "fixtures" / "models" / "tiny-llama")
+        assert main(["matrix", "--check", "--root", str(tmp_path)]) == 0
+        assert "vramgate.toml: 1 models, 0 workloads, 1 entries: valid" in capsys.readouterr().out
+        assert suite_rules()["queues"].kv_only and "notes" not in suite_rules()
+        assert headline_suites(tmp_path) == ("notes",)
+        decl.write_text('[matrix]\nmetric = ["queue_depth"]\n')
+        with pytest.raises(MatrixError, match=r"^suites/queues/suite.toml: matrix.metric: unknown field; did you "
+                                              "mean metrics"):
+            project_suites(tmp_path)
+    finally:
+        registry._SUITES.pop("queues", None)
+    assert headline_suites(ROOT) == ("block_manager", "capacity", "serving_capacity")
 
 
 def test_a_project_declares_its_own_suite_to_the_matrix() -> None:
@@ -302,6 +347,10 @@ def test_a_project_declares_its_own_suite_to_the_matrix() -> None:
            '[entries.budgets]\nqueue_depth = "<= 8"\n'
     with pytest.raises(MatrixError, match="unknown suite 'team_suite'"):
         parse_matrix(text, "vramgate.toml", ROOT)
+    # the built-in default's way: an entry of a suite the project lacks is left out, the others keep their index
+    both = text + '[[entries]]\nsuites = ["capacity"]\nmodel = "tiny-llama"\n'
+    assert [(e.index, e.suites) for e in parse_matrix(both, "default", ROOT, undeclared=True).entries] == [
+        (1, ("capacity",))]
     try:
         matrix_suite("team_suite", metrics=("queue_depth",))
         (entry,) = parse_matrix(text, "vramgate.toml", ROOT).entries
@@ -320,11 +369,15 @@ def test_a_project_declares_its_own_suite_to_the_matrix() -> None:
     assert not constants & {"kv_cache", "capacity", "latency", "serving_capacity"}  # "serving" is also a table
 
 
-def test_the_readme_shows_the_team_matrix_that_is_checked() -> None:
-    """The README's team matrix is examples/team-matrix.toml, which the unit env checks."""
-    root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
-    assert "```toml\n" + (root / "examples" / "team-matrix.toml").read_text() + "```" in readme
+def test_the_readme_quotes_the_team_matrix_that_is_checked() -> None:
+    """The README links examples/team-matrix.toml, which the unit env checks, and its excerpt is whole lines of
+    that file, verbatim."""
+    readme = (ROOT / "README.md").read_text()
+    link = "[`examples/team-matrix.toml`](examples/team-matrix.toml)"
+    assert link in readme
+    excerpt = readme.split(link, 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    assert excerpt.count("\n") >= 10
+    assert "\n" + excerpt in "\n" + (ROOT / "examples" / "team-matrix.toml").read_text()
 
 
 @pytest.mark.parametrize(("key", "gpu", "matches"), [

@@ -70,7 +70,6 @@ def _project(pytester: pytest.Pytester) -> pytest.Pytester:
     shutil.copytree(ROOT / "suites" / "block_manager", pytester.path / "suites" / "block_manager")
     shutil.copytree(ROOT / "fixtures", pytester.path / "fixtures")
     shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
-    shutil.copy(ROOT / "vramgate.toml", pytester.path / "vramgate.toml")
     for name in PLANTS:
         shutil.copytree(ROOT / "tests" / "data" / "profiles" / name, pytester.path / "patches" / name)
     for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}.items():

@@ -92,13 +92,13 @@ def test_an_automatic_spec_needs_the_tiers_memory() -> None:
 
 
 def test_the_project_matrix_serves_on_both_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The serving capacity cases a CPU box and a GPU runner (an H100, faked) get from vramgate.toml, each spec
+    """The serving capacity cases a CPU box and a GPU runner (an H100, faked) get from the project's matrix, each spec
     without a KV budget and with the tier's memory: what --gate-plan lists on such a runner."""
     from vramgate.machine import isa
-    from vramgate.matrix import Machine, load_matrix
+    from vramgate.matrix import Machine, project_matrix
     from vramgate.testing import matrix as testing_matrix
 
-    matrix = load_matrix(ROOT / "vramgate.toml", ROOT)
+    matrix = project_matrix(ROOT)
     argnames = ["model", "block_size", "kv_cache_dtype", "matrix_case"]
     # a CPU without AMX and one with it (vLLM's MLA backends take other block sizes: Note [CPU MLA backends])
     boxes = (("cpu", "avx512-bf16", ["tiny-llama-bs32", "tiny-deepseek-v2-bs16"], "cpu_memory_bytes"),
@@ -147,7 +147,6 @@ def test_the_plan_lists_the_serving_cases_and_what_they_would_record(pytester: p
 
     shutil.copytree(ROOT / "suites" / "serving_capacity", pytester.path / "suites" / "serving_capacity")
     shutil.copytree(ROOT / "fixtures" / "models", pytester.path / "fixtures" / "models")
-    shutil.copy(ROOT / "vramgate.toml", pytester.path / "vramgate.toml")
     shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
     result = pytester.runpytest_subprocess("suites", "--collect-only", "-q", "--gate-plan", "--gate-hardware",
                                            "nvidia-h100-80gb-x1", "-v", "-p", "no:cacheprovider")

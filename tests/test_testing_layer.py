@@ -130,7 +130,8 @@ def test_a_linear_kernel_case_runs_only_on_the_tier_whose_kernels_it_needs(
     """Note [linear kernels by platform]: the quantization suite's CPU case would call the CUDA build's Marlin
     repacking on CPU tensors; on the GPU tier it is skipped with the reason."""
     from vramgate.machine import isa
-    from vramgate.testing import linear_kernel_problem, quantization
+    from vramgate.testing import quantization
+    from vramgate.testing.quantization import linear_kernel_problem
 
     monkeypatch.setattr(quantization, "engine_tier", lambda: tier)
     monkeypatch.setattr(isa, "kernel_problem", lambda kernel, found: None)
@@ -138,3 +139,22 @@ def test_a_linear_kernel_case_runs_only_on_the_tier_whose_kernels_it_needs(
     assert (problem is None) == runs, problem
     if tier == "gpu" and device == "cpu":
         assert problem is not None and "picks its linear kernels by platform" in problem
+
+
+def test_writing_tests_says_where_each_name_lives() -> None:
+    """docs/writing-tests.md, "What to import": every name it lists is where it says (a module's ``__all__``)."""
+    import importlib
+    import re
+
+    import vramgate.testing
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "writing-tests.md").read_text(encoding="utf-8")
+    section = text[text.index("## What to import"):text.index("## Units")]
+    rows = re.findall(r"^\| `(vramgate\.testing\.[a-z]+)`((?:, `\.[a-z]+`)*) \| (.*) \|$", section, re.M)
+    assert len(rows) == 9
+    for first, more, names in rows:
+        modules = [first] + [f"vramgate.testing{m}" for m in re.findall(r"`(\.[a-z]+)`", more)]
+        listed = {n for m in modules for n in importlib.import_module(m).__all__}
+        assert set(re.findall(r"`([A-Za-z_]+)`", names)) <= listed, first
+    facade = section.split("|", 1)[0]
+    assert set(re.findall(r"`([A-Za-z_]+)`", facade)) == set(vramgate.testing.__all__)

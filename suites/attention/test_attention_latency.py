@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import AttentionShape
+from vramgate.testing.models import AttentionShape
 
 torch = pytest.importorskip("torch")
 
@@ -40,7 +40,7 @@ def test_flash_attention_latency(gate: Gate, case: str) -> None:
     """Latency of torch's flash SDPA backend; decode cases also record bandwidth as a fraction of peak."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from vramgate.testing import NVMLUnavailable, device_peak_bandwidth, time_cuda
+    from vramgate.testing.machine import NVMLUnavailable, device_peak_bandwidth, time_cuda
 
     shape = CASES[case]
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import TORCH_FLASH_EXTRA, AttentionShape, PeakRSS, explain_splits, torch_flash_transient_bytes
+from vramgate.testing.machine import PeakRSS
+from vramgate.testing.models import TORCH_FLASH_EXTRA, AttentionShape, explain_splits, torch_flash_transient_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -67,7 +68,7 @@ def run_sdpa(q: Any, k: Any, v: Any, backend: str, gqa: bool) -> Any:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_attention_transient(gate: Gate, backend: str, ratio: int, kind: str) -> None:
     """Allocator peak of one SDPA call minus its inputs, per backend, GQA ratio and phase."""
-    from vramgate.testing import CudaRegion
+    from vramgate.testing.machine import CudaRegion
 
     shape = shape_for(kind, ratio)
     q, k, v = make_inputs(shape, "cuda", torch.bfloat16)

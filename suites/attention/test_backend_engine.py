@@ -18,16 +18,9 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import (
-    Engine,
-    EngineSpec,
-    Profile,
-    engine_tier,
-    latency_spec,
-    record_paired_step,
-    runnable_candidate,
-    skip_unmet,
-)
+from vramgate.testing import Engine
+from vramgate.testing.engines import EngineSpec, engine_tier, latency_spec, record_paired_step
+from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet
 
 #: The DeepSeek-class (MLA) model the backends run: 576 values per token and layer (kv_lora_rank 512 + rope 64).
 MODEL = "tiny-deepseek-v2"

@@ -12,23 +12,18 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import (
+from vramgate.testing import Engine, ModelLoader, Simulator
+from vramgate.testing.answers import check_answers, check_task_accuracy
+from vramgate.testing.claims import check_claims
+from vramgate.testing.engines import (
     PRESSURE_SPEC,
-    Engine,
     EngineResult,
-    ModelLoader,
-    Profile,
-    SimResult,
-    Simulator,
-    build,
-    check_answers,
-    check_claims,
-    check_task_accuracy,
     cpu_backend_problem,
     engine_tier,
-    skip_unmet,
     unpaired_latency_tolerance,
 )
+from vramgate.testing.profiles import Profile, skip_unmet
+from vramgate.testing.simulator import SimResult, build
 
 #: Requests of the simulated trace: 2,000 keep every claim's verdict that 5,000 gave (docs/running.md, "How big each
 #: measured run is").

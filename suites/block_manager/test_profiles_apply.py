@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.testing import (
-    EngineSpec,
+from vramgate.testing.engines import EngineSpec, backend_problem
+from vramgate.testing.profiles import (
     PatchError,
     Profile,
-    backend_problem,
     build_overlay,
     check,
     installed_target,

@@ -3,7 +3,7 @@
 vLLM's CPU (or GPU) engine starts with ``kv_cache_memory_bytes`` = the budget;
 the blocks it allocates must be ``budget // (page bytes x layers)`` and its
 token capacity ``blocks x block_size``, with ``page bytes`` from the model's
-architecture (no padding). The models and block sizes per tier are the matrix's (``vramgate.toml``): each
+architecture (no padding). The models and block sizes per tier are the matrix's (docs/matrix.md): each
 model's shared block size first (the latency and quantization suites run it too, so the session runs that
 engine once), then the entries marked ``nightly`` (the full gate only).
 
@@ -16,7 +16,9 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Engine, MatrixCase, ModelLoader, computed_tier, small_run_spec
+from vramgate.testing import Engine, MatrixCase, ModelLoader
+from vramgate.testing.engines import small_run_spec
+from vramgate.testing.machine import computed_tier
 
 
 @pytest.mark.gate_matrix("capacity", id="{model}-bs{block_size}")
@@ -28,7 +30,7 @@ def test_engine_kv_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader
     assert spec.kv_budget_gib is not None  # the shared small run has a fixed budget
     budget = int(spec.kv_budget_gib * 2**30)
     if computed_tier():  # Note [a tier's portable figures computed on CPU]: vLLM's own accounting at the budget
-        from vramgate.testing import vllm_kv_layout
+        from vramgate.testing.models import vllm_kv_layout
 
         layout = vllm_kv_layout(model_shape.path(model), block_size=block_size, kv_cache_dtype=kv_dtype,
                                 budget_bytes=budget, max_model_len=spec.max_model_len)

@@ -92,7 +92,7 @@ def step() -> DecodeStep:
 
 
 def _device_used() -> int | None:
-    from vramgate.testing import NVMLUnavailable, read_device
+    from vramgate.testing.machine import NVMLUnavailable, read_device
 
     try:
         return read_device(0).used_bytes
@@ -132,7 +132,7 @@ def test_capture_memory(gate: Gate, step: DecodeStep, pool: str) -> None:
 
 def test_replay_dynamic_batch_peak(gate: Gate, step: DecodeStep) -> None:
     """Memory while replaying a seeded stream of batch sizes 1..512, against the memory the captures took."""
-    from vramgate.testing import CudaRegion
+    from vramgate.testing.machine import CudaRegion
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -35,20 +35,9 @@ from typing import Any
 
 import pytest
 
-from vramgate.testing import (
-    KV_TOO_SMALL,
-    Engine,
-    EngineError,
-    EngineSpec,
-    SpecError,
-    alive,
-    children,
-    gate_session,
-    kv_need,
-    rss_bytes,
-    run_engine,
-    validate,
-)
+from vramgate.testing import Engine, gate_session
+from vramgate.testing.engines import KV_TOO_SMALL, EngineError, EngineSpec, SpecError, kv_need, run_engine, validate
+from vramgate.testing.machine import alive, children, rss_bytes
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the real engine's fault paths: the harness's robustness, no profile's figures")

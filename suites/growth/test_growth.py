@@ -14,7 +14,8 @@ import math
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import ModelLoader, RequestSpec, Simulator, Workload
+from vramgate.testing import ModelLoader, Simulator
+from vramgate.testing.simulator import RequestSpec, Workload
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("KV growth with context length (CLAIMS.md): no optimization profile changes it")

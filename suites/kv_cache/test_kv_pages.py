@@ -6,7 +6,7 @@ cuBLASLt"). vLLM sizes a page as ``2 x block_size x num_kv_heads x head_size x
 dtype`` (full attention) or ``block_size x 576 x dtype`` (MLA), with no padding,
 and per-token bytes do not depend on the block size.
 
-The models, block sizes and KV dtypes are the matrix's (``vramgate.toml``, docs/matrix.md).
+The models, block sizes and KV dtypes are the matrix's (docs/matrix.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import ModelLoader, ModelShape
+from vramgate.testing import ModelLoader
+from vramgate.testing.models import ModelShape
 
 GIB = 1 << 30
 
@@ -25,7 +26,7 @@ GIB = 1 << 30
 def test_kv_page_and_capacity(
     gate: Gate, vllm_in_process: Path, model_shape: ModelLoader, model: str, block_size: int, kv_cache_dtype: str
 ) -> None:
-    from vramgate.testing import vllm_kv_layout
+    from vramgate.testing.models import vllm_kv_layout
 
     shape: ModelShape = model_shape(model)
     layout = vllm_kv_layout(
@@ -54,7 +55,7 @@ def test_bytes_per_token_do_not_depend_on_block_size(
     vllm_in_process: Path, model_shape: ModelLoader, model: str, block_sizes: tuple[int, ...]
 ) -> None:
     """The article's table has block size 16 vs 32 change peak memory; per-token KV bytes cannot."""
-    from vramgate.testing import vllm_kv_layout
+    from vramgate.testing.models import vllm_kv_layout
 
     per_token = {
         bs: vllm_kv_layout(model_shape.path(model), block_size=bs).page_bytes // bs for bs in block_sizes
@@ -70,7 +71,7 @@ def test_article_alignment_claim(gate: Gate, vllm_in_process: Path) -> None:
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    from vramgate.testing import software_versions
+    from vramgate.testing.machine import software_versions
 
     block = 16
     spec = FullAttentionSpec(block_size=block, num_kv_heads=ARTICLE_HEADS, head_size=ARTICLE_HEAD_DIM,

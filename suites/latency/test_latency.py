@@ -5,7 +5,7 @@ request is one sample. On the CPU tier the engine runs one OpenMP thread on a
 shared machine beside the other xdist worker, so these gate only gross
 regressions (tolerance 300%: a fourfold latency fails; docs/calibration.md); on a GPU box 30% (calibrated on
 an H200 for kernels). The models (and each one's block size) are the
-matrix's (``vramgate.toml``).
+matrix's (docs/matrix.md).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Engine, MatrixCase, small_run_spec, unpaired_latency_tolerance
+from vramgate.testing import Engine, MatrixCase
+from vramgate.testing.engines import small_run_spec, unpaired_latency_tolerance
 
 #: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
 TOLERANCE = unpaired_latency_tolerance()

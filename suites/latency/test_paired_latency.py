@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import (
-    ModelLoader,
-    Profile,
-    latency_spec,
-    record_paired_step,
-    runnable_candidate,
-    skip_unmet,
-)
+from vramgate.testing import ModelLoader
+from vramgate.testing.engines import latency_spec, record_paired_step
+from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet
 
 
 @pytest.mark.gate_profiles("latency")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import EngineEnv, PairedEngines, engine_tier, latency_spec, paired_defaults
+from vramgate.testing.engines import EngineEnv, PairedEngines, engine_tier, latency_spec, paired_defaults
 
 
 @pytest.mark.gate_matrix("latency", id="{model}")

@@ -19,7 +19,15 @@ from dataclasses import replace
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import MoEShape, expert_load, make_weights, naive_moe, reference_moe, route, workspace_bytes
+from vramgate.testing.models import (
+    MoEShape,
+    expert_load,
+    make_weights,
+    naive_moe,
+    reference_moe,
+    route,
+    workspace_bytes,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -39,7 +47,7 @@ CPU_BYTES_TOLERANCE = {"cuda": 0.0, "cpu": 0.3}
 @pytest.fixture(autouse=True)
 def _visible_cpu_buffers() -> None:
     """Large CPU buffers get their own mappings from the first allocation on (see ``pin_mmap_threshold``)."""
-    from vramgate.testing import pin_mmap_threshold
+    from vramgate.testing.machine import pin_mmap_threshold
 
     pin_mmap_threshold()
 
@@ -51,12 +59,12 @@ def dtype_of(device: str) -> object:
 def peak_delta(device: str, fn: Callable[[], object]) -> int:
     """Bytes *fn* needed at its peak beyond what was allocated when it started."""
     if device == "cuda":
-        from vramgate.testing import CudaRegion
+        from vramgate.testing.machine import CudaRegion
 
         with CudaRegion() as region:
             fn()
         return region.peak_delta_bytes
-    from vramgate.testing import PeakRSS, pin_mmap_threshold
+    from vramgate.testing.machine import PeakRSS, pin_mmap_threshold
 
     if not pin_mmap_threshold():
         pytest.skip("needs glibc's mallopt to make large CPU buffers visible in peak RSS")
@@ -98,7 +106,7 @@ class Layer:
 
 def within(measured: int, analytic: int, shape: MoEShape, tokens: int, dtype_bytes: int,
            chunk: int | None = None, device: str = "cuda") -> None:
-    from vramgate.testing import reference_overhead_bound
+    from vramgate.testing.models import reference_overhead_bound
 
     bound = reference_overhead_bound(shape, tokens, dtype_bytes, chunk)
     # On CPU the RSS is a page-level view (the kernel batches its counters per thread, the heap keeps

@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import PRESSURE_SPEC, Engine, Simulator, build
+from vramgate.testing import Engine, Simulator
+from vramgate.testing.engines import PRESSURE_SPEC
+from vramgate.testing.simulator import build
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the simulator's agreement with the engine: block_manager gates the profiles")

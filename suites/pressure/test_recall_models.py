@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import check_recall_model
+from vramgate.testing.answers import check_recall_model
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the recall models' own answers: a property of the fixtures, not of a profile")

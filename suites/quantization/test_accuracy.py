@@ -19,7 +19,10 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Profile, QuantRuns, check_answers, check_task_accuracy, checkpoint_of
+from vramgate.testing import QuantRuns
+from vramgate.testing.answers import check_answers, check_task_accuracy
+from vramgate.testing.profiles import Profile
+from vramgate.testing.quantization import checkpoint_of
 
 
 @pytest.mark.gate_profiles("quantization", reference="bf16")

@@ -19,7 +19,10 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import EngineResult, Profile, QuantRuns, engine_tier, kv_gain_tokens, layout
+from vramgate.testing import QuantRuns
+from vramgate.testing.engines import EngineResult, engine_tier
+from vramgate.testing.profiles import Profile
+from vramgate.testing.quantization import kv_gain_tokens, layout
 
 
 def figures(result: EngineResult) -> dict[str, float]:

@@ -29,7 +29,9 @@ from typing import Any
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Checkpoints, Profile, checkpoint_of, layout, linear_kernel_problem
+from vramgate.testing import Checkpoints
+from vramgate.testing.profiles import Profile
+from vramgate.testing.quantization import checkpoint_of, layout, linear_kernel_problem
 
 DEVICE = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.requires_gpus(1))]
 #: Relative error (Frobenius) of the kernel's output against the dequantized fp32 reference.
@@ -112,7 +114,7 @@ def test_quantized_linear_output(gate: Gate, checkpoints: Checkpoints, vllm_laye
     import torch
     from safetensors.torch import load_file
 
-    from vramgate.testing import dequantize, reference_weights
+    from vramgate.testing.quantization import dequantize, reference_weights
 
     problem = linear_kernel_problem(device)
     if problem:

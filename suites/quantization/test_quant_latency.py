@@ -14,7 +14,10 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Profile, QuantRuns, median, unpaired_latency_tolerance
+from vramgate.testing import QuantRuns
+from vramgate.testing.engines import unpaired_latency_tolerance
+from vramgate.testing.machine import median
+from vramgate.testing.profiles import Profile
 
 #: Unpaired latency against a stored baseline: the tier's calibrated tolerance (vramgate.testing).
 TOLERANCE = unpaired_latency_tolerance()

@@ -23,20 +23,11 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import (
-    SCHEMES,
-    Checkpoints,
-    Profile,
-    QuantRuns,
-    checkpoint_of,
-    checkpoint_tensors,
-    engine_tier,
-    format_bytes,
-    layout,
-    read_config,
-    vllm_cpu_resident,
-    weight_size,
-)
+from vramgate.testing import Checkpoints, QuantRuns
+from vramgate.testing.engines import engine_tier
+from vramgate.testing.models import read_config, vllm_cpu_resident
+from vramgate.testing.profiles import Profile
+from vramgate.testing.quantization import SCHEMES, checkpoint_of, checkpoint_tensors, format_bytes, layout, weight_size
 
 #: Parameter counts as published: Llama's exactly (model cards / checkpoint index), DeepSeek's rounded
 #: (model cards: 15.7B, 236B, 671B without the multi-token-prediction module) with the relative slack they allow.
@@ -159,7 +150,7 @@ def test_loaded_parameter_bytes(gate: Gate, quant_runs: QuantRuns, profile: Prof
             reference_params = quant_runs.run(None).memory.parameter_bytes
             assert params < reference_params, f"{params:,} B quantized vs {reference_params:,} B bf16"
         return
-    from vramgate.testing import isa
+    from vramgate.testing.machine import isa
 
     resident = vllm_cpu_resident(quant_runs.checkpoints.config, scheme, group, isa_class=isa.effective_isa(),
                                  dtype=str(result.spec.get("dtype", "bfloat16")),

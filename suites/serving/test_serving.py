@@ -35,28 +35,21 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import (
+from vramgate.testing import MatrixCase, ModelLoader, Servers, gate_session
+from vramgate.testing.engines import EngineSpec, engine_tier, unpaired_latency_tolerance
+from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet
+from vramgate.testing.serving import (
     UNSETTLED_SERVERS,
-    EngineSpec,
     LoadRun,
-    MatrixCase,
-    ModelLoader,
-    Profile,
-    Servers,
     ServingLoad,
     device_memory_slope,
-    engine_tier,
-    gate_session,
     memory_slope,
     memory_slope_problem,
     paired_burst,
     paired_settings,
     paired_slope,
     rate_load,
-    runnable_candidate,
-    skip_unmet,
     sustained_loads,
-    unpaired_latency_tolerance,
     workload_trace,
 )
 

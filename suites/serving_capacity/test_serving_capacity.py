@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Engine, EngineSpec, MatrixCase, ModelLoader, engine_tier
+from vramgate.testing import Engine, MatrixCase, ModelLoader
+from vramgate.testing.engines import EngineSpec, engine_tier
 
 #: Run-to-run spread of the CPU tier's automatic KV figures (the RSS of a fresh engine after its compiled warm-up),
 #: 10 unchanged runs against a recording on 2 cores (docs/serving.md): the non-KV memory took 761-782 MiB, so the

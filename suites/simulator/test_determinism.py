@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import ModelLoader, build, simulate
+from vramgate.testing import ModelLoader
+from vramgate.testing.simulator import build, simulate
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("the simulator's determinism: a property of the harness, not of a profile")

@@ -43,17 +43,16 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import (
+from vramgate.testing import TPRunner
+from vramgate.testing.machine import alive, median
+from vramgate.testing.tp import (
     DTYPE_BYTES,
     Launcher,
     MLPShape,
     RankResult,
     TPError,
-    TPRunner,
     TPSpec,
-    alive,
     launcher,
-    median,
     overlap_fraction,
     peak_change,
 )

@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Engine, EngineResult, EngineSpec, ModelLoader, fusion_problem, median
+from vramgate.testing import Engine, ModelLoader
+from vramgate.testing.engines import EngineResult, EngineSpec, fusion_problem
+from vramgate.testing.machine import median
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("tensor-parallel claims: no optimization profile changes them")

@@ -15,7 +15,8 @@ import statistics
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import Simulator, build
+from vramgate.testing import Simulator
+from vramgate.testing.simulator import build
 
 #: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
 pytestmark = pytest.mark.gate_nightly("internal waste per block size (CLAIMS.md): no optimization profile changes it")

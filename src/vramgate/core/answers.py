@@ -21,7 +21,7 @@ says which comparison must hold:
 
 Everything here is plain data and JSON-able; the engine records :class:`Outputs`
 (:class:`vramgate.engine.runner.EngineResult` ``outputs``), a profile's manifest states its :class:`Expectation`
-(:mod:`vramgate.profiles.manifest`), and the suites judge with ``vramgate.testing.check_answers``.
+(:mod:`vramgate.profiles.manifest`), and the suites judge with ``vramgate.testing.answers.check_answers``.
 """
 
 from __future__ import annotations

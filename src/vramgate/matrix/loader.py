@@ -449,13 +449,15 @@ def _table_for_suites(r: _Reader, key: str, given: bool, suites: tuple[str, ...]
 
 
 def _entry(source: str, index: int, table: object, models: dict[str, Model],
-           workloads: dict[str, Workload]) -> Entry:
+           workloads: dict[str, Workload], undeclared: bool) -> Entry | None:
     where = f"entries[{index}]"
     r = _Reader(source, where, table, ENTRY_FIELDS)
     suites = r.items("suites", str, ())
     if not suites:
         raise MatrixError(f"{source}: {where}.suites: missing field")
     known = suite_rules()  # Note [matrix suites]
+    if undeclared and not set(suites) <= set(known):
+        return None
     names = tuple(known) or ("(none registered)",)
     for s in suites:
         if s not in known:
@@ -522,9 +524,11 @@ def _entry(source: str, index: int, table: object, models: dict[str, Model],
                  cpu_isa)
 
 
-def parse_matrix(text: str, source: str, root: Path | None = None) -> Matrix:
+def parse_matrix(text: str, source: str, root: Path | None = None, *, undeclared: bool = False) -> Matrix:
     """The matrix in TOML *text* (from *source*, named in errors); model configs are checked against
-    ``<root>/fixtures/models`` when *root* is given."""
+    ``<root>/fixtures/models`` when *root* is given. A suite no one declared (Note [matrix suites]) is an error,
+    or with *undeclared* leaves its entries out of the matrix (the others keep their index): the built-in default
+    names the repository's suites, which a project may not have."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -535,8 +539,8 @@ def parse_matrix(text: str, source: str, root: Path | None = None) -> Matrix:
     models = {name: _model(source, name, t, configs) for name, t in models_table.items()}
     workloads = {name: _workload(source, name, t) for name, t in top.get("workloads", dict, {}).items()}
     entries = top.get("entries", list, [])
-    return Matrix(source, models, workloads,
-                  tuple(_entry(source, i, t, models, workloads) for i, t in enumerate(entries)))
+    read = (_entry(source, i, t, models, workloads, undeclared) for i, t in enumerate(entries))
+    return Matrix(source, models, workloads, tuple(e for e in read if e is not None))
 
 
 def load_matrix(path: Path, root: Path | None = None) -> Matrix:

@@ -3,9 +3,11 @@
 Note [matrix suites]: an entry names suites, and the loader checks the entry against each suite's rule: the
 metrics its budgets may name (a budget on a metric no suite of the entry records could never fail), whether the
 suite reads vLLM's KV accounting only (so engine fields would be ignored), whether it runs the team's serving
-configuration or load (``[entries.serving]``, ``[entries.load]``), whether it runs one block size per entry. The
-suites declare their rules through the testing layer (:func:`vramgate.testing.matrix_suite`), which registers the
-repository's suites; a project's ``conftest.py`` registers its own the same way. This layer knows no suite.
+configuration or load (``[entries.serving]``, ``[entries.load]``), whether it runs one block size per entry.
+Each suite declares its rule beside its tests, in ``suites/<name>/suite.toml`` (Note [suite files] in
+:mod:`vramgate.matrix.suite_files`), registered when the project's matrix is read; a suite outside the project's
+``suites/`` folder registers from the root ``conftest.py`` (:func:`vramgate.testing.matrix_suite`). This layer
+knows no suite.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ its own changes, as GitHub shows them. Each file falls in one :class:`Reach`:
 - ``none``: an input of no gate test (docs, the harness's own tests, examples, calibration pages, benchmarks,
   the durations that only order the tests);
 - ``some``: an input of the tests that declare it (the suites' files, a profile's folder, a fixture, the matrix,
-  a baseline file); :mod:`vramgate.pytest_plugin.affected` says which.
+  the built-in default matrix in vramgate's own source, a baseline file);
+  :mod:`vramgate.pytest_plugin.affected` says which.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class ChangeError(ValueError):
     """A ref that names no commit of the project's repository, or a project outside any repository."""
 
 
+#: The built-in default matrix in vramgate's own source (package data): like a project's ``vramgate.toml``, an
+#: input of the matrix cases whose entries it changes, where the gate's other source is an input of every test.
+DEFAULT_MATRIX = "src/vramgate/matrix/default.toml"
 #: (glob, why): files that are an input of every test; the first that matches names the reason.
 EVERY_TEST = (
     ("src/*", "vramgate's own source"),
@@ -84,6 +88,8 @@ def reach(path: str, baselines: str = "baselines") -> Reach:
         if len(rest) == 2 and path.endswith(".json"):
             return Reach("some", "a baseline file")
         return Reach("every", f"a file of {baselines}/ that is no baseline file")
+    if path == DEFAULT_MATRIX:
+        return Reach("some", f"the built-in default matrix ({path})")
     for pattern, why in EVERY_TEST:
         if _matches(path, pattern):
             return Reach("every", why)

@@ -15,6 +15,15 @@ from vramgate.engine import EngineResult
 from vramgate.profiles import Profile
 from vramgate.pytest_plugin.fixture import Gate
 
+__all__ = [
+    "NOT_JUDGED",
+    "RecallModelCheck",
+    "check_answers",
+    "check_recall_model",
+    "check_task_accuracy",
+    "failure_message",
+]
+
 #: The evidence of a verdict no run could settle: one side generated on dummy weights.
 NOT_JUDGED = "outputs not judged: dummy weights"
 

@@ -8,6 +8,10 @@ from vramgate.core.claims import ClaimVerdict
 from vramgate.profiles import Profile
 from vramgate.pytest_plugin.fixture import Gate
 
+__all__ = [
+    "check_claims",
+]
+
 
 def check_claims(gate: Gate, profile: Profile, workload: str, patched: dict[str, float],
                  reference: dict[str, float], *, labels: tuple[str, str] = ("patched", "unpatched"),

@@ -17,20 +17,62 @@ from pathlib import Path
 import pytest
 
 from vramgate.engine import (
+    KV_TOO_SMALL,
     EngineCache,
     EngineError,
     EngineResult,
     EngineSpec,
     PairedEngines,
+    SpecError,
     UnsupportedHere,
+    backend_problem,
     confirmed_rounds,
+    cpu_backend_problem,
     engine_tier,
+    fusion_problem,
+    kv_need,
+    latency_spec,
     paired_defaults,
+    run_engine,
+    validate,
 )
 from vramgate.engine.measure import PLANT_CANDIDATE_DELAY_ENV, PLANT_DELAY_ENV, planted_fraction
 from vramgate.machine.probes import memory_history
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.runtime import quiet
+from vramgate.runtime.engine_env import EngineEnv
+
+__all__ = [
+    "FIRST_TOKEN_TOLERANCE",
+    "KV_TOO_SMALL",
+    "PRESSURE_SPEC",
+    "PROFILE_OPTION",
+    "SMALL_RUN_BLOCK_SIZE",
+    "SMALL_RUN_BLOCK_SIZE_AMX",
+    "SMALL_RUN_BUDGET_GIB",
+    "UNPAIRED_LATENCY_TOLERANCE",
+    "Engine",
+    "EngineEnv",
+    "EngineError",
+    "EngineResult",
+    "EngineSpec",
+    "PairedEngines",
+    "SpecError",
+    "backend_problem",
+    "confirmed_rounds",
+    "cpu_backend_problem",
+    "engine_tier",
+    "fusion_problem",
+    "kv_need",
+    "latency_spec",
+    "paired_defaults",
+    "record_paired_step",
+    "run_engine",
+    "small_run_block_size",
+    "small_run_spec",
+    "unpaired_latency_tolerance",
+    "validate",
+]
 
 #: The option (``--gate-profile``) that applies a profile to every engine run of a session.
 PROFILE_OPTION = "gate_profile"

@@ -32,12 +32,14 @@ import pytest
 
 from vramgate.engine import EngineSpec, engine_tier
 from vramgate.matrix import (
+    DEFAULT_SOURCE,
     Budget,
     Entry,
     Machine,
     Matrix,
     MatrixError,
     collection_problem,
+    default_matrix_path,
     gpu_count_problem,
     missing_trace,
     parse_matrix,
@@ -46,7 +48,23 @@ from vramgate.matrix import (
 from vramgate.pytest_plugin.affected import TestInput
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.store.changes import ChangeSet
-from vramgate.testing import matrix_suites  # noqa: F401 - registers the repository's suites
+
+__all__ = [
+    "ARGUMENTS",
+    "ENTRY_MARKER_HELP",
+    "MARKER_HELP",
+    "MATRIX_OPTION",
+    "MatrixCase",
+    "budgets_hook",
+    "case_entry",
+    "entry_inputs",
+    "give_budgets",
+    "mark_arguments",
+    "matrix_params",
+    "parametrize_matrix",
+    "session_machine",
+    "session_matrix",
+]
 
 #: The mark's line in ``pytest --markers``.
 MARKER_HELP = ("gate_matrix(suite, *, id): parametrize the test's model, block_size, kv_cache_dtype, ... by the "
@@ -249,11 +267,14 @@ def entry_inputs(item: pytest.Item) -> list[TestInput]:
         return []
     matrix = session_matrix(item.config)
     root = item.config.rootpath
-    path = Path(matrix.source)
+    default = matrix.source == DEFAULT_SOURCE
+    path = default_matrix_path() if default else Path(matrix.source)
+    if path is None:
+        return []
     try:
         rel = (path if path.is_absolute() else root / path).resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
-        return []  # a matrix outside the project: vramgate's own default, or a file the change cannot touch
+        return []  # a matrix outside the project: an installed vramgate's default, or a file the change cannot touch
 
     def same(entry: Entry) -> str:
         return repr(dataclasses.replace(entry, index=0))
@@ -262,7 +283,7 @@ def entry_inputs(item: pytest.Item) -> list[TestInput]:
         text = changes.at_base(rel)
         if text is None:
             return False
-        return same(entry) in {same(e) for e in parse_matrix(text, rel, root).entries}
+        return same(entry) in {same(e) for e in parse_matrix(text, rel, root, undeclared=default).entries}
 
     return [TestInput(f"its matrix entry ({rel}: entries[{entry.index}])", (rel,), unchanged)]
 

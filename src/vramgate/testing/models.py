@@ -4,7 +4,40 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vramgate.models.config import ModelShape, load_model
+from vramgate.models.attention import TORCH_FLASH_EXTRA, AttentionShape, explain_splits, torch_flash_transient_bytes
+from vramgate.models.config import ModelShape, load_model, read_config
+from vramgate.models.cpu_resident import vllm_cpu_resident
+from vramgate.models.moe import (
+    MoEShape,
+    expert_load,
+    make_weights,
+    naive_moe,
+    reference_moe,
+    reference_overhead_bound,
+    route,
+    workspace_bytes,
+)
+from vramgate.models.vllm_kv import vllm_kv_layout
+
+__all__ = [
+    "TORCH_FLASH_EXTRA",
+    "AttentionShape",
+    "MoEShape",
+    "ModelLoader",
+    "ModelShape",
+    "expert_load",
+    "explain_splits",
+    "make_weights",
+    "naive_moe",
+    "read_config",
+    "reference_moe",
+    "reference_overhead_bound",
+    "route",
+    "torch_flash_transient_bytes",
+    "vllm_cpu_resident",
+    "vllm_kv_layout",
+    "workspace_bytes",
+]
 
 
 class ModelLoader:

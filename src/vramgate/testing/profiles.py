@@ -16,8 +16,36 @@ from typing import Any
 import pytest
 
 from vramgate.engine import EngineSpec
-from vramgate.profiles import Profile, load_profiles, profiles_for_suite, requirement_problem
+from vramgate.profiles import (
+    PatchError,
+    Profile,
+    build_overlay,
+    check,
+    installed_target,
+    load_profile,
+    load_profiles,
+    profiles_for_suite,
+    requirement_problem,
+)
 from vramgate.pytest_plugin.affected import TestInput
+
+__all__ = [
+    "ARGNAME",
+    "MARKER_HELP",
+    "PatchError",
+    "Profile",
+    "build_overlay",
+    "check",
+    "installed_target",
+    "load_profile",
+    "mark_arguments",
+    "parametrize_profiles",
+    "profile_inputs",
+    "profile_params",
+    "runnable_candidate",
+    "skip_unmet",
+    "version_problem",
+]
 
 #: The argument the mark parametrizes.
 ARGNAME = "profile"

@@ -34,12 +34,33 @@ import pytest
 
 from vramgate.core.claims import ClaimVerdict
 from vramgate.engine import EngineResult, EngineSpec, engine_tier, kernel_problem
-from vramgate.models.checkpoints import Checkpoint
+from vramgate.models.checkpoints import Checkpoint, dequantize, reference_weights
 from vramgate.models.config import read_config
+from vramgate.models.quant import SCHEMES, checkpoint_tensors, format_bytes, kv_gain_tokens, layout, weight_size
 from vramgate.profiles import CheckpointFormat, Profile
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.testing.claims import check_claims
 from vramgate.testing.engines import Engine, small_run_block_size, small_run_spec
+
+__all__ = [
+    "MODEL",
+    "RECALL_MODEL",
+    "REFERENCE",
+    "SCHEMES",
+    "SEED",
+    "Checkpoints",
+    "QuantRuns",
+    "accuracy_reference_spec",
+    "checkpoint_of",
+    "checkpoint_tensors",
+    "dequantize",
+    "format_bytes",
+    "kv_gain_tokens",
+    "layout",
+    "linear_kernel_problem",
+    "reference_weights",
+    "weight_size",
+]
 
 #: The model of the suite's byte, capacity, latency and kernel checks (random weights, or dummy ones in bf16).
 MODEL = "tiny-llama"

@@ -20,12 +20,29 @@ from pathlib import Path
 import pytest
 
 from vramgate.engine import EngineSpec, UnsupportedHere
-from vramgate.engine.leak import WarmUp
+from vramgate.engine.leak import WarmUp, device_memory_slope, memory_slope, paired_slope
 from vramgate.engine.load import Load, LoadRun, run_loads, run_plan
-from vramgate.engine.paired_load import PairedBursts, run_paired_bursts
+from vramgate.engine.paired_load import PairedBursts, paired_settings, run_paired_bursts
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.matrix import Entry, ServingLoad
 from vramgate.runtime import process, quiet
+
+__all__ = [
+    "UNSETTLED_SERVERS",
+    "LoadRun",
+    "Servers",
+    "ServingLoad",
+    "WarmUp",
+    "device_memory_slope",
+    "memory_slope",
+    "memory_slope_problem",
+    "paired_burst",
+    "paired_settings",
+    "paired_slope",
+    "rate_load",
+    "sustained_loads",
+    "workload_trace",
+]
 
 #: The workload fields every server's spec gets (see :meth:`Servers.get`).
 _ANY = EngineSpec(model="any")

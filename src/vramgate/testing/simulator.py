@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.profiles import Profile
-from vramgate.sim import SimResult
+from vramgate.sim import SimResult, simulate
 from vramgate.sim.isolated import simulate_profile
 from vramgate.store.shared import SharedResults
 from vramgate.testing.models import ModelLoader
-from vramgate.workloads import Workload
+from vramgate.workloads import RequestSpec, Workload, build
+
+__all__ = ["RequestSpec", "SimResult", "Simulator", "Workload", "build", "simulate"]
 
 
 class Simulator:

@@ -7,7 +7,31 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.tp import RankResult, TPError, TPSpec, run_tp
+from vramgate.tp import (
+    DTYPE_BYTES,
+    Launcher,
+    MLPShape,
+    RankResult,
+    TPError,
+    TPSpec,
+    launcher,
+    overlap_fraction,
+    peak_change,
+    run_tp,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "Launcher",
+    "MLPShape",
+    "RankResult",
+    "TPError",
+    "TPRunner",
+    "TPSpec",
+    "launcher",
+    "overlap_fraction",
+    "peak_change",
+]
 
 
 class TPRunner:

@@ -48,9 +48,6 @@ ENGINES_DIR = Path(".vramgate") / "engines"
 DEFAULT_MARKS = "not gate_nightly"
 #: The paired latency test of an upgrade run.
 PAIRED_TEST = "suites/latency/test_upgrade_latency.py"
-#: The suites whose figures the report shows side by side, changed or not: KV pages and capacity, weights and the
-#: engine's blocks per model (capacity); the scheduler's figures under KV pressure (block_manager).
-HEADLINE = ("capacity", "block_manager", "serving_capacity")
 #: Seconds one side's run may take.
 SIDE_TIMEOUT_S = 3600.0
 
@@ -250,17 +247,29 @@ def paired_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def headline_suites(root: Path) -> tuple[str, ...]:
+    """The suites of the project at *root* whose figures an upgrade report shows side by side, changed or not:
+    those whose ``suite.toml`` says ``headline = true`` (Note [suite files] in :mod:`vramgate.matrix.suite_files`)."""
+    from vramgate.matrix import MatrixError, project_suites
+
+    try:
+        return tuple(name for name, suite in project_suites(root).items() if suite.headline)
+    except MatrixError as exc:
+        raise UpgradeError(str(exc)) from None
+
+
 def serving_advice(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per serving capacity test both reports hold: the memory the new version needs to give the KV cache the old
-    one had (the old KV cache plus the new non-KV memory), as a factor on the team's ``gpu_memory_utilization``
-    (or ``cpu_memory``). vLLM 0.32.0 advises so for its CUDA-graph estimate; this is for the whole difference."""
+    """Per test both reports hold with a KV cache vLLM sized itself (it records ``kv_cache_bytes``,
+    ``non_kv_bytes`` and ``requested_bytes``: the serving capacity suite): the memory the new version needs to
+    give the KV cache the old one had (the old KV cache plus the new non-KV memory), as a factor on the team's
+    ``gpu_memory_utilization`` (or ``cpu_memory``). vLLM 0.32.0 advises so for its CUDA-graph estimate; this is
+    for the whole difference."""
     from vramgate.store.report_files import report_metrics
 
     def figures(report: dict[str, Any], source: str) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for m in report_metrics(report, source, UpgradeError):
-            if m.suite == "serving_capacity":
-                out.setdefault(m.nodeid, {})[m.metric.name] = m.metric.value
+            out.setdefault(m.nodeid, {})[m.metric.name] = m.metric.value
         return {nodeid: v for nodeid, v in out.items()
                 if {"kv_cache_bytes", "non_kv_bytes", "requested_bytes"} <= set(v)}
 
@@ -290,12 +299,16 @@ def one_sided(rows: list[dict[str, Any]], other: SideRun) -> list[dict[str, Any]
 def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: str = "cpu",
             old_python: str | None = None, new_python: str | None = None, install: bool = True,
             suites: list[str] | None = None, marks: str | None = DEFAULT_MARKS, keyword: str | None = None,
-            workers: int = 2, paired: bool = True, headline: tuple[str, ...] = HEADLINE) -> dict[str, Any]:
+            workers: int = 2, paired: bool = True, headline: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Run the upgrade *old_version* -> *new_version* (Note [upgrade run]) with its files under *out*; the
-    upgrade's data (what ``upgrade.json`` holds). :class:`UpgradeError` when it cannot run."""
+    upgrade's data (what ``upgrade.json`` holds). The report shows the figures of the *headline* suites side by
+    side, changed or not (default: those whose ``suite.toml`` says ``headline = true``, Note [suite files] in
+    :mod:`vramgate.matrix.suite_files`). :class:`UpgradeError` when it cannot run."""
     from vramgate.report.compare import compare_reports
 
     start = time.monotonic()
+    if headline is None:
+        headline = headline_suites(root)
     old_env = resolve_env(root, tier, old_version, old_python, install=install)
     new_env = resolve_env(root, tier, new_version, new_python, install=install)
     out.mkdir(parents=True, exist_ok=True)

@@ -182,8 +182,8 @@ def run_campaign(root: Path, out: Path, plants: Sequence[str], soak: int, concur
 
     project = out / "project"
     (project / "patches").mkdir(parents=True, exist_ok=True)
-    for name in ("fixtures", "vramgate.toml"):
-        if not (project / name).exists():
+    for name in ("fixtures", "vramgate.toml"):  # the project's matrix file, where it has one
+        if (root / name).exists() and not (project / name).exists():
             (project / name).symlink_to((root / name).resolve())
     names: list[str] = ["unchanged"]
     profiles: list[str | None] = [None]

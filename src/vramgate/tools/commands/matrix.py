@@ -29,7 +29,6 @@ def register(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the matrix (``--check``) or print its entries with what each does on this machine."""
     from vramgate.matrix import MatrixError, project_matrix
-    from vramgate.testing import matrix_suites  # noqa: F401 - the repository's suites (Note [matrix suites])
 
     root = project_root(args.root)
     try:

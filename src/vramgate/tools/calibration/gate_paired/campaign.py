@@ -54,7 +54,7 @@ def run(root: Path, out: Path, minutes: float, profiles: Sequence[str], busy: bo
     from vramgate.engine.paired import PairedEngines, latency_spec, paired_defaults
     from vramgate.profiles import find_profile
     from vramgate.runtime import quiet
-    from vramgate.testing import runnable_candidate
+    from vramgate.testing.profiles import runnable_candidate
 
     settings = paired_defaults(engine_tier())
     n_rounds = rounds or settings.rounds
