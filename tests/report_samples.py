@@ -75,10 +75,11 @@ def summary(*, shift: float = 1.0) -> Summary:
             CheckedMetric(Finding(m("ttft", 0.06, "s", kind="measured", samples=[0.05, 0.06, 0.07]), "improved",
                                   Metric("ttft", 0.1, "s", kind="measured", samples=[0.09, 0.1, 0.11]), PROVENANCE,
                                   -0.4, None, "U test p = 0.01"), "baselines/cpu-x/latency.json", "cpu-x"),
-            CheckedMetric(Finding(noisy, "untrusted", None, None, None, None, check_noise(noisy) or ""),
+            CheckedMetric(Finding(noisy, "untrusted", None, None, None, None, check_noise(noisy) or "",
+                                  untrusted="too noisy"),
                           None, ""),
             CheckedMetric(Finding(m("tpot", 0.02, "s", kind="measured", samples=[0.02]), "untrusted", None, None,
-                                  None, None, "GPU 0 throttled: clocks at 40% of their maximum"),
+                                  None, None, "GPU 0 throttled: clocks at 40% of their maximum", untrusted="gpu state"),
                           "baselines/cpu-x/latency.json", "cpu-x"),
             CheckedMetric(Finding(m("itl", 0.01, "s", kind="measured", samples=[0.01, 0.011]), "no baselines"),
                           "baselines/cpu-x/latency.json", "cpu-x", key_has_baselines=False),
@@ -176,6 +177,7 @@ def outputs() -> dict[str, str]:
     from vramgate.report.mermaid import mermaid_section
     from vramgate.report.table import moved_lines
     from vramgate.report.upgrade import upgrade_markdown
+    from vramgate.store.report_files import as_report
 
     data = report_data(summary())
     other = report_data(summary(shift=1.5))
@@ -193,10 +195,12 @@ def outputs() -> dict[str, str]:
         "compare.json": json.dumps(comparison.to_json(), indent=2, sort_keys=True) + "\n",
         "upgrade.md": upgrade_markdown(upgrade_sample()),
         "lines.txt": "\n".join([
-            *moved_lines(data["moved_baselines"]),
+            *moved_lines(as_report(data).moved_baselines),
             *mermaid_section(data),
-            *(repr(b) + f" {b.state} {b.label}" for b in bars),
-            *(repr(r) for r in failing_without_change(data)),
+            *(f"Bar(suite={b.suite!r}, test={b.test!r}, metric={b.metric!r}, change={b.change!r}, "
+              f"verdict={b.verdict_text!r}, failed={b.failed!r}) {b.state} {b.label}" for b in bars),
+            *("Row(" + ", ".join(f"{k}={v!r}" for k, v in r.to_json().items()) + ")"
+              for r in failing_without_change(as_report(data))),
         ]) + "\n",
     }
 

@@ -18,3 +18,50 @@ def test_every_renderer_output_is_unchanged(name: str) -> None:
 
 def test_the_golden_files_are_all_checked() -> None:
     assert sorted(p.name for p in GOLDEN.iterdir()) == sorted(OUTPUTS)
+
+
+def test_a_rich_report_reads_into_records_and_back_to_the_same_json() -> None:
+    import json
+
+    from report_samples import summary
+    from vramgate.report.data import report_data, report_record
+    from vramgate.store.report_files import ReportError, read_report
+
+    data = report_data(summary())
+    report = read_report(json.loads(json.dumps(data)), "report.json", ReportError)
+    assert report == read_report(report, "report.json", ReportError)
+    assert json.dumps(report.to_json(), indent=2, sort_keys=True) == json.dumps(data, indent=2, sort_keys=True)
+    assert report.to_json() == report_record(summary()).to_json()
+    # Every field the renderers read is there, typed.
+    metrics = {m.metric.name: m.record for m in report.metrics()}
+    assert (metrics["page_bytes"].verdict, metrics["page_bytes"].outside_budget) == ("regressed", True)
+    assert metrics["page_bytes"].verdict_text == "regressed, outside budget"
+    assert (metrics["weights"].verdict, metrics["weights"].verdict_text) == ("ok", "outside budget")
+    assert metrics["step_ratio"].untrusted == "too noisy" and metrics["tpot"].untrusted == "gpu state"
+    assert metrics["ttft"].untrusted is None and metrics["inf_bytes"].change == float("inf")
+    assert [c.verdict for c in report.claims] == ["not held", "held", "not judged"]
+    assert [m.change for m in report.moved] == ["+25.00%", "removed", "added"]
+    assert report.affected is not None and report.affected["kept"] == 3
+    rows = {r.metric: r for r in report.rows()}
+    assert (rows["weights"].verdict, rows["weights"].outside_budget) == ("ok", True)
+
+
+def test_a_row_whose_verdict_is_not_its_metrics_is_refused() -> None:
+    from report_samples import summary
+    from vramgate.report.data import report_data
+    from vramgate.store.report_files import ReportError, read_report
+
+    data = report_data(summary())
+    data["tests"][0]["rows"][0]["verdict"] = "regressed"
+    with pytest.raises(ReportError, match=r"row 'page_bytes': verdict 'regressed' is not its metric's"):
+        read_report(data, "report.json", ReportError)
+
+
+def test_merging_one_shard_gives_the_same_report() -> None:
+    from report_samples import summary
+    from vramgate.report.data import merge_reports, report_data
+
+    data = report_data(summary())
+    moved = data["moved_baselines"]
+    ordered = sorted(moved["metrics"], key=lambda m: (m["file"], m["test"], m["metric"]))  # the merge orders them
+    assert merge_reports([data]).to_json() == {**data, "moved_baselines": {**moved, "metrics": ordered}}

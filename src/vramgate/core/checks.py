@@ -23,6 +23,19 @@ Verdict = Literal[
 #: Verdicts that fail a test (budget failures fail it too, whatever the verdict).
 FAILING: frozenset[str] = frozenset({"regressed", "missing", "incompatible", "untrusted"})
 
+#: Why an ``untrusted`` verdict was not judged: the GPU-state guard distrusted the measurement, or a paired
+#: metric's run was too noisy for its in-run check (:func:`check_noise`).
+Untrusted = Literal["gpu state", "too noisy"]
+
+
+def verdict_text(verdict: str, outside_budget: bool) -> str:
+    """The one display text of a verdict: *verdict* itself, ``outside budget`` for an ``ok`` figure that breaks
+    its budget, ``<verdict>, outside budget`` for any other that does. Never parsed back: readers keep the verdict
+    and whether the figure is outside its budget as fields."""
+    if not outside_budget:
+        return verdict
+    return "outside budget" if verdict == "ok" else f"{verdict}, outside budget"
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -37,6 +50,8 @@ class Finding:
     """Why the metric breaks its ceiling or floor, or None when within budget."""
     detail: str = ""
     """How the comparison was decided (tolerance, p-value)."""
+    untrusted: Untrusted | None = None
+    """Why an ``untrusted`` verdict was not judged; None for every other verdict."""
 
     @property
     def failed(self) -> bool:

@@ -32,9 +32,9 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
             heads.append(f"{f.metric.name} {format_change(f.change or 0.0)} vs baseline")
         elif f.verdict in ("missing", "incompatible"):
             heads.append(f"{f.metric.name} {f.verdict} baseline")
-        elif f.verdict == "untrusted" and f.detail.startswith(TOO_NOISY):
+        elif f.untrusted == "too noisy":
             heads.append(f"{f.metric.name} untrusted: {TOO_NOISY}")
-        elif f.verdict == "untrusted":
+        elif f.untrusted is not None:
             heads.append(f"{f.metric.name} measured on a GPU in an untrustworthy state")
     lines = [
         f"vramgate: {'; '.join(heads)} "
@@ -52,10 +52,10 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                    f"--gate-require-hardware is set and {c.key} has no baselines: record them")
             lines.append(f"- {m.name}: now {m.show(precise=True)}; no baseline in {c.file or '?'} "
                          f"({m.effective_scope} metric; {why})")
-        elif f.verdict == "untrusted" and f.detail.startswith(TOO_NOISY):
+        elif f.untrusted == "too noisy":
             lines.append(f"- {m.name}: now {m.show(precise=True)}, not judged, neither a red nor a green it could "
                          f"back, and never a baseline: {f.detail} (rerun where the machine is quieter)")
-        elif f.verdict == "untrusted":
+        elif f.untrusted is not None:
             lines.append(f"- {m.name}: now {m.show(precise=True)}, not compared: {f.detail} "
                          f"(rerun on an idle GPU at full clocks)")
         elif f.verdict in ("regressed", "incompatible") and f.baseline is not None:
@@ -90,7 +90,7 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
     rows = rows_of(summary.nodes)
     counts = Counter(r.verdict for r in rows)
     tr.write_sep("=", "vramgate")
-    for line in moved_lines(summary.moved_json()):
+    for line in moved_lines(summary.moved()):
         tr.write_line(line, red=line.startswith("!!"), bold=line.startswith("!!"))
     hw = summary.hardware
     tr.write_line(f"hardware: {hw.key} ({hw.source}); tier: {hw.tier}; baselines: {summary.baselines_dir}")

@@ -214,7 +214,7 @@ def report_points(paths: Iterable[Path | str]) -> History:
             raise HistoryError(f"{file}: date: not an ISO 8601 date ({exc})") from None
         software = {k: v for k, v in (data.get("software") or {}).items() if isinstance(v, str)}
         for m in report_metrics(data, str(file), HistoryError):
-            if m.test.get("test_passed") is False:
+            if m.test.test_passed is False:
                 continue  # a test that failed its own assertions is never recorded; its figures are not either
             metric = m.metric
             where_stored = tier if metric.effective_scope == "portable" else hardware["key"]
