@@ -65,3 +65,15 @@ def test_merging_one_shard_gives_the_same_report() -> None:
     moved = data["moved_baselines"]
     ordered = sorted(moved["metrics"], key=lambda m: (m["file"], m["test"], m["metric"]))  # the merge orders them
     assert merge_reports([data]).to_json() == {**data, "moved_baselines": {**moved, "metrics": ordered}}
+
+
+def test_the_upgrade_reads_the_paired_run_through_the_records() -> None:
+    from report_samples import summary
+    from vramgate.report.data import report_record
+    from vramgate.tools.upgrade import paired_rows
+
+    row = next(r for r in paired_rows(report_record(summary())) if r["metric"] == "step_ratio")
+    assert row == {"test": "suites/latency/test_latency.py::test_ttft[tiny]", "metric": "step_ratio", "median": 1.05,
+                   "low": 0.47, "high": 2.29, "rounds": 6, "tolerance": 0.02, "failed": True,
+                   "message": row["message"]}
+    assert row["message"].startswith("vramgate: step_ratio untrusted: too noisy to judge")

@@ -41,6 +41,8 @@ from vramgate.machine.software import distribution_version
 from vramgate.profiles import load_profiles
 from vramgate.runtime import engine_env, process
 from vramgate.runtime.exits import describe_exit
+from vramgate.store import report_files
+from vramgate.store.report_files import Report
 
 #: Where ``vramgate upgrade`` makes the engine environments it is not given, under the project root.
 ENGINES_DIR = Path(".vramgate") / "engines"
@@ -192,12 +194,10 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
     return side
 
 
-def read_report(path: Path) -> dict[str, Any]:
-    """A report.json's data; :class:`UpgradeError` naming the file when it cannot be read."""
-    data = read_json(path, UpgradeError)
-    if not isinstance(data, dict):
-        raise UpgradeError(f"{path}: not a vramgate report.json (the top level must be an object)")
-    return data
+def read_report(path: Path) -> Report:
+    """A report.json's records (:func:`vramgate.store.report_files.read_report`); :class:`UpgradeError` naming the
+    file when it cannot be read."""
+    return report_files.read_report(read_json(path, UpgradeError), str(path), UpgradeError)
 
 
 def suite_args(suites: list[str], marks: str | None, keyword: str | None) -> list[str]:
@@ -236,35 +236,33 @@ def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.Engine
     return rows
 
 
-def paired_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The paired latency run's ratios (new / old per round) from its report data."""
+def paired_rows(report: Report) -> list[dict[str, Any]]:
+    """The paired latency run's ratios (new / old per round) from its report."""
     rows = []
-    for test in data.get("tests", []):
-        for metric in test.get("metrics", []):
-            now = metric.get("now") or {}
-            samples = [float(v) for v in now.get("samples") or []]
-            rows.append({"test": test.get("nodeid"), "metric": metric.get("name"), "median": now.get("value"),
-                         "low": min(samples) if samples else None, "high": max(samples) if samples else None,
-                         "rounds": len(samples), "tolerance": now.get("tolerance"),
-                         "failed": bool(metric.get("failed")), "message": test.get("message")})
+    for m in report.metrics():
+        now = m.metric
+        samples = [float(v) for v in now.samples]
+        rows.append({"test": m.nodeid, "metric": now.name, "median": now.value,
+                     "low": min(samples) if samples else None, "high": max(samples) if samples else None,
+                     "rounds": len(samples), "tolerance": now.effective_tolerance,
+                     "failed": m.record.failed, "message": m.test.message})
     return rows
 
 
-def serving_advice(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def serving_advice(old: Report | dict[str, Any], new: Report | dict[str, Any]) -> list[dict[str, Any]]:
     """Per serving capacity test both reports hold: the memory the new version needs to give the KV cache the old
     one had (the old KV cache plus the new non-KV memory), as a factor on the team's ``gpu_memory_utilization``
     (or ``cpu_memory``). vLLM 0.32.0 advises so for its CUDA-graph estimate; this is for the whole difference."""
-    from vramgate.store.report_files import report_metrics
-
-    def figures(report: dict[str, Any], source: str) -> dict[str, dict[str, float]]:
+    def figures(report: Report) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
-        for m in report_metrics(report, source, UpgradeError):
+        for m in report.metrics():
             if m.suite == "serving_capacity":
                 out.setdefault(m.nodeid, {})[m.metric.name] = m.metric.value
         return {nodeid: v for nodeid, v in out.items()
                 if {"kv_cache_bytes", "non_kv_bytes", "requested_bytes"} <= set(v)}
 
-    before, after = figures(old, "the old version's report"), figures(new, "the new version's report")
+    before = figures(report_files.read_report(old, "the old version's report", UpgradeError))
+    after = figures(report_files.read_report(new, "the new version's report", UpgradeError))
     rows = []
     for nodeid in sorted(set(before) & set(after)):
         was, now = before[nodeid], after[nodeid]
