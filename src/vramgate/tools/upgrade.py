@@ -39,6 +39,17 @@ from vramgate.core.kinds import is_timed
 from vramgate.core.records import read_json
 from vramgate.machine.software import distribution_version
 from vramgate.profiles import load_profiles
+from vramgate.report.compare import ComparedMetric
+from vramgate.report.upgrade_files import (
+    OneSided,
+    PairedLatency,
+    PairedRow,
+    ProfileCheck,
+    ProfileRow,
+    ServingRow,
+    SideRecord,
+    Upgrade,
+)
 from vramgate.runtime import engine_env, process
 from vramgate.runtime.exits import describe_exit
 from vramgate.store import report_files
@@ -81,11 +92,14 @@ class SideRun:
         """The run's report.json."""
         return self.folder / "report.json"
 
+    def record(self) -> SideRecord:
+        """This run as ``upgrade.json``'s record."""
+        return SideRecord(self.label, self.env, str(self.folder), self.status, round(self.seconds, 1), self.outcomes,
+                          self.failed, self.skipped)
+
     def to_json(self) -> dict[str, Any]:
         """This run as JSON data."""
-        return {"label": self.label, "env": self.env.to_json(), "folder": str(self.folder), "status": self.status,
-                "seconds": round(self.seconds, 1), "outcomes": self.outcomes, "failed": self.failed,
-                "skipped": self.skipped}
+        return self.record().to_json()
 
 
 def engine_folder(root: Path, tier: str, version: str) -> Path:
@@ -210,46 +224,44 @@ def suite_args(suites: list[str], marks: str | None, keyword: str | None) -> lis
     return args
 
 
-def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.EngineEnv,
-                   out: Path) -> list[dict[str, Any]]:
+def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.EngineEnv, out: Path) -> list[ProfileRow]:
     """Each profile checked against the two versions' sources (only read); where one does not apply as is, git's
     three-way rebase from the version the profile targets is proposed, written under *out*/profiles/<label>."""
     from vramgate.profiles import check_applicability, target_covers, write_proposal
 
     envs = {"old": old, "new": new}
-    rows: list[dict[str, Any]] = []
+    rows: list[ProfileRow] = []
     for profile in load_profiles(root):
-        row: dict[str, Any] = {"profile": profile.name, "target": profile.version}
+        checks: dict[str, ProfileCheck] = {}
         for label, env in envs.items():
             other = envs["new" if label == "old" else "old"]
             base = other if target_covers(profile, str(other.vllm)) else None
             result = check_applicability(profile, Path(str(env.vllm_package)), str(env.vllm),
                                          base_dir=Path(str(base.vllm_package)) if base else None,
                                          base_version=str(base.vllm) if base else "")
-            check: dict[str, Any] = {"status": result.status, "in_target": result.in_target,
-                                     "notes": result.details()}
+            proposal = None
             if result.proposal is not None:
-                check["proposal_files"] = [str(p.relative_to(out)) for p in
-                                           write_proposal(result, out / "profiles" / f"vllm-{env.vllm}")]
-            row[label] = check
-        rows.append(row)
+                proposal = [str(p.relative_to(out)) for p in
+                            write_proposal(result, out / "profiles" / f"vllm-{env.vllm}")]
+            checks[label] = ProfileCheck(result.status, result.in_target, result.details(), proposal)
+        rows.append(ProfileRow(profile.name, profile.version, checks["old"], checks["new"]))
     return rows
 
 
-def paired_rows(report: Report) -> list[dict[str, Any]]:
+def paired_rows(report: Report) -> list[PairedRow]:
     """The paired latency run's ratios (new / old per round) from its report."""
     rows = []
     for m in report.metrics():
         now = m.metric
         samples = [float(v) for v in now.samples]
-        rows.append({"test": m.nodeid, "metric": now.name, "median": now.value,
-                     "low": min(samples) if samples else None, "high": max(samples) if samples else None,
-                     "rounds": len(samples), "tolerance": now.effective_tolerance,
-                     "failed": m.record.failed, "message": m.test.message})
+        rows.append(PairedRow(test=m.nodeid, metric=now.name, median=now.value,
+                              low=min(samples) if samples else None, high=max(samples) if samples else None,
+                              rounds=len(samples), tolerance=now.effective_tolerance, failed=m.record.failed,
+                              message=m.test.message))
     return rows
 
 
-def serving_advice(old: Report | dict[str, Any], new: Report | dict[str, Any]) -> list[dict[str, Any]]:
+def serving_advice(old: Report | dict[str, Any], new: Report | dict[str, Any]) -> list[ServingRow]:
     """Per serving capacity test both reports hold: the memory the new version needs to give the KV cache the old
     one had (the old KV cache plus the new non-KV memory), as a factor on the team's ``gpu_memory_utilization``
     (or ``cpu_memory``). vLLM 0.32.0 advises so for its CUDA-graph estimate; this is for the whole difference."""
@@ -267,21 +279,20 @@ def serving_advice(old: Report | dict[str, Any], new: Report | dict[str, Any]) -
     for nodeid in sorted(set(before) & set(after)):
         was, now = before[nodeid], after[nodeid]
         need = was["kv_cache_bytes"] + now["non_kv_bytes"]
-        rows.append({"test": nodeid, "old_kv_bytes": was["kv_cache_bytes"], "new_kv_bytes": now["kv_cache_bytes"],
-                     "old_non_kv_bytes": was["non_kv_bytes"], "new_non_kv_bytes": now["non_kv_bytes"],
-                     "requested_bytes": now["requested_bytes"], "needed_bytes": need,
-                     "factor": need / now["requested_bytes"]})
+        rows.append(ServingRow(test=nodeid, old_kv_bytes=was["kv_cache_bytes"], new_kv_bytes=now["kv_cache_bytes"],
+                               old_non_kv_bytes=was["non_kv_bytes"], new_non_kv_bytes=now["non_kv_bytes"],
+                               requested_bytes=now["requested_bytes"], needed_bytes=need,
+                               factor=need / now["requested_bytes"]))
     return rows
 
 
-def one_sided(rows: list[dict[str, Any]], other: SideRun) -> list[dict[str, Any]]:
+def one_sided(rows: list[ComparedMetric], other: SideRun) -> list[OneSided]:
     """The tests whose metrics only one side has (*rows*: the comparison's added or removed rows), each with its
     metric count and why the *other* side has none (its skip reason, a failure, or not collected)."""
     tests: dict[str, int] = {}
     for row in rows:
-        tests[row["nodeid"]] = tests.get(row["nodeid"], 0) + 1
-    return [{"test": test, "metrics": count,
-             "why": other.skipped.get(test) or ("failed" if test in other.failed else "not collected")}
+        tests[row.nodeid] = tests.get(row.nodeid, 0) + 1
+    return [OneSided(test, count, other.skipped.get(test) or ("failed" if test in other.failed else "not collected"))
             for test, count in sorted(tests.items())]
 
 
@@ -306,31 +317,30 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
                    workers=workers)
     old_report, new_report = read_report(old.report), read_report(new.report)
     comparison = compare_reports(old_report, new_report, labels=labels)
-    latency: dict[str, Any] = {}
+    latency = None
     if paired:
         side = run_side(root, SideRun(f"paired {labels[1]} / {labels[0]}", new_env, out / "paired"), [PAIRED_TEST],
                         upgrade_from=old_env, workers=1)
-        latency = {"run": side.to_json(), "rows": paired_rows(read_report(side.report))}
+        latency = PairedLatency(side.record(), paired_rows(read_report(side.report)))
     profiles = profile_checks(root, old_env, new_env, out)
-    data = {
-        "schema": 1, "from": old_version, "to": new_version, "tier": tier,
-        "runs": [old.to_json(), new.to_json()], "comparison": comparison.to_json(),
-        "comparison_markdown": comparison.markdown(one_sided=False, level=4), "paired": latency,
-        "profiles": profiles, "headline": [r.to_json() for r in comparison.rows if r.suite in headline],
-        "serving": serving_advice(old_report, new_report),
-        "only_new": one_sided([r.to_json() for r in comparison.added], old),
-        "only_old": one_sided([r.to_json() for r in comparison.removed], new),
+    record = Upgrade(
+        from_version=old_version, to_version=new_version, tier=tier,
         # Note [upgrade timings]: measured metrics (timings) of the two separate runs are shown, not gating.
-        "regressions": (sum(not is_timed(r.kind) for r in comparison.regressions)
-                        + sum(r["failed"] for r in latency.get("rows", []))),
-        "unpaired_timings": [r.to_json() for r in comparison.regressions if is_timed(r.kind)],
-        "seconds": round(time.monotonic() - start, 1),
-    }
+        regressions=(sum(not is_timed(r.kind) for r in comparison.regressions)
+                     + sum(r.failed for r in (latency.rows if latency else []))),
+        runs=[old.record(), new.record()], comparison=comparison.to_json(),
+        comparison_markdown=comparison.markdown(one_sided=False, level=4), paired=latency, profiles=profiles,
+        headline=[r for r in comparison.rows if r.suite in headline], serving=serving_advice(old_report, new_report),
+        only_new=one_sided(comparison.added, old), only_old=one_sided(comparison.removed, new),
+        unpaired_timings=[r for r in comparison.regressions if is_timed(r.kind)],
+        seconds=round(time.monotonic() - start, 1),
+    )
     from vramgate.report.upgrade import upgrade_markdown
     from vramgate.store.files import atomic_write_text
 
+    data = record.to_json()
     atomic_write_text(out / "upgrade.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(out / "upgrade.md", upgrade_markdown(data))
+    atomic_write_text(out / "upgrade.md", upgrade_markdown(record))
     return data
 
 
