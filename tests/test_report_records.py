@@ -41,7 +41,8 @@ def test_a_rich_report_reads_into_records_and_back_to_the_same_json() -> None:
     assert metrics["ttft"].untrusted is None and metrics["inf_bytes"].change == float("inf")
     assert [c.verdict for c in report.claims] == ["not held", "held", "not judged"]
     assert [m.change for m in report.moved] == ["+25.00%", "removed", "added"]
-    assert report.affected is not None and report.affected["kept"] == 3
+    assert report.affected is not None
+    assert (report.affected.kept, report.affected.left_out) == (3, ["suites/x.py::test_y"])
     rows = {r.metric: r for r in report.rows()}
     assert (rows["weights"].verdict, rows["weights"].outside_budget) == ("ok", True)
 

@@ -19,6 +19,7 @@ from vramgate.report.table import rows_of
 from vramgate.report.terminal import failure_message
 from vramgate.store.files import new_file_mode, stage_text
 from vramgate.store.report_files import (
+    AffectedFacts,
     Claim,
     HardwareFacts,
     MetricRecord,
@@ -80,7 +81,7 @@ def report_record(summary: Summary) -> Report:
                        for nodeid, c in summary.claims), key=lambda c: (c.test, c.statement)),
         baselines_written=sorted(set(summary.written)),
         moved_baselines=summary.moved(),
-        affected=summary.affected,
+        affected=AffectedFacts(summary.affected) if summary.affected is not None else None,
         durations={k: round(v, 3) for k, v in sorted(summary.durations.items())},
     )
 

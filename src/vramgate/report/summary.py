@@ -15,7 +15,7 @@ from vramgate.core.checks import Finding
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
 from vramgate.store.moves import Move
-from vramgate.store.report_files import MovedBaselines
+from vramgate.store.report_files import AffectedFacts, MovedBaselines
 
 #: Verdicts from the most to the least severe: the order of rows and of the tally.
 VERDICT_ORDER = ("regressed", "untrusted", "incompatible", "missing", "outside budget", "improved", "updated", "new",
@@ -148,14 +148,13 @@ class Summary:
         return MovedBaselines(self.baselines_ref, out)
 
 
-def affected_line(affected: dict[str, Any] | None) -> str | None:
+def affected_line(affected: AffectedFacts | None) -> str | None:
     """The line every summary carries under ``--gate-affected``: what it left out (or why it ran everything), and
     against which base; None without the option."""
-    if not affected:
+    if not affected or not affected.data:
         return None
-    base = str(affected.get("base") or "?")[:12]
-    if affected.get("everything"):
-        return f"ran every test: {affected['everything']} (against {affected.get('ref')}, base {base})"
-    left = len(affected.get("left_out") or [])
-    return (f"left out: {left} test(s) whose inputs this change does not touch (base {base}); ran "
-            f"{affected.get('kept', 0)}; pushes to main and the nightly run take them all")
+    base = affected.base[:12]
+    if affected.everything:
+        return f"ran every test: {affected.everything} (against {affected.ref}, base {base})"
+    return (f"left out: {len(affected.left_out)} test(s) whose inputs this change does not touch (base {base}); ran "
+            f"{affected.kept}; pushes to main and the nightly run take them all")

@@ -17,6 +17,7 @@ from vramgate.report.summary import (
     verdict_rank,
 )
 from vramgate.report.table import coverage_lines, moved_lines, rows_of, sorted_rows, text_table
+from vramgate.store.report_files import AffectedFacts
 
 
 def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str]) -> str:
@@ -94,7 +95,7 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
         tr.write_line(line, red=line.startswith("!!"), bold=line.startswith("!!"))
     hw = summary.hardware
     tr.write_line(f"hardware: {hw.key} ({hw.source}); tier: {hw.tier}; baselines: {summary.baselines_dir}")
-    affected = affected_line(summary.affected)
+    affected = affected_line(AffectedFacts(summary.affected) if summary.affected is not None else None)
     if affected:
         tr.write_line(affected, yellow=True)
     for nodeid, claim in sorted(summary.claims, key=lambda c: (c[0], c[1].statement)):

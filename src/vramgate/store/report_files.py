@@ -258,6 +258,41 @@ class HardwareFacts:
 
 
 @dataclass(frozen=True)
+class AffectedFacts:
+    """``--gate-affected``'s facts as written: the ref, its merge base, why every test ran (or None), how many
+    tests were kept and the node ids left out."""
+
+    data: dict[str, Any]
+
+    @property
+    def ref(self) -> str | None:
+        """The ref the change was compared against."""
+        ref = self.data.get("ref")
+        return None if ref is None else str(ref)
+
+    @property
+    def base(self) -> str:
+        """The merge base; ``?`` where unknown."""
+        return str(self.data.get("base") or "?")
+
+    @property
+    def everything(self) -> str | None:
+        """Why every test ran; None where the change left some out."""
+        why = self.data.get("everything")
+        return str(why) if why else None
+
+    @property
+    def kept(self) -> int:
+        """How many tests ran."""
+        return int(self.data.get("kept", 0))
+
+    @property
+    def left_out(self) -> list[str]:
+        """The node ids left out."""
+        return list(self.data.get("left_out") or [])
+
+
+@dataclass(frozen=True)
 class Report:
     """A gate run's ``report.json``, read (:func:`read_report`); :meth:`to_json` gives the same data back."""
 
@@ -271,7 +306,7 @@ class Report:
     claims: list[Claim] = field(default_factory=list)
     baselines_written: list[str] = field(default_factory=list)
     moved_baselines: MovedBaselines | None = None
-    affected: dict[str, Any] | None = None
+    affected: AffectedFacts | None = None
     """``--gate-affected``'s facts (:attr:`vramgate.report.summary.Summary.affected`); None without it."""
     durations: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -312,7 +347,7 @@ class Report:
             "claims": [c.to_json() for c in self.claims],
             "baselines_written": list(self.baselines_written),
             "moved_baselines": self.moved_baselines.to_json() if self.moved_baselines else None,
-            **({"affected": self.affected} if self.affected is not None else {}),
+            **({"affected": self.affected.data} if self.affected is not None else {}),
             "durations": dict(self.durations),
         }
 
@@ -483,7 +518,7 @@ def read_report(data: Any, source: str, error: Error) -> Report:
         claims=[reader.claim(c) for c in raw.get("claims") or []],
         baselines_written=list(raw.get("baselines_written") or []),
         moved_baselines=reader.moved(raw.get("moved_baselines")),
-        affected=affected if isinstance(affected, dict) else None,
+        affected=AffectedFacts(affected) if isinstance(affected, dict) else None,
         durations=dict(raw.get("durations") or {}),
         extra={k: v for k, v in raw.items() if k not in _KNOWN},
     )
