@@ -15,6 +15,7 @@ A history is a list of series, one per metric, as ``vramgate history`` writes it
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,29 @@ code { font-size: 12px; } .mismatch { color: #9a6700; font-weight: 600; }
 """
 
 
+@dataclass(frozen=True)
+class SeriesPoint:
+    """One value of a history's series: the commit and date it was accepted (or measured) at, and where from."""
+
+    commit: str
+    date: str
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric's history, as ``vramgate history`` writes it (see the module)."""
+
+    suite: str
+    test: str
+    metric: str
+    unit: str
+    points: tuple[SeriesPoint, ...]
+    hardware_key: str | None = None
+    """The key it is stored under; None: taken as this run's."""
+
+
 def _series_error(where: str, what: str) -> ReportError:
     return ReportError(f"{where}: {what}")
 
@@ -91,6 +115,14 @@ def check_history(series: Any, source: str = "history") -> list[dict[str, Any]]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise _series_error(f"{where}, point {j}", f"'value' must be a finite number, not {value!r}")
     return series
+
+
+def history_series(series: Any, source: str = "history") -> list[Series]:
+    """A history's JSON data (:func:`check_history`) as its records."""
+    return [Series(s["suite"], s["test"], s["metric"], s["unit"],
+                   tuple(SeriesPoint(p["commit"], p["date"], p["value"], p["source"]) for p in s["points"]),
+                   s.get("hardware_key"))
+            for s in check_history(series, source)]
 
 
 def load_history(path: Path) -> list[dict[str, Any]]:
@@ -202,32 +234,32 @@ def _relative(values: list[float]) -> list[float] | None:
     return None if base is None else [(v - base) / abs(base) * 100 for v in values]
 
 
-def history_chart(suite: str, series: list[dict[str, Any]], limit: int = HISTORY_LINES) -> str | None:
+def history_chart(suite: str, series: list[Series], limit: int = HISTORY_LINES) -> str | None:
     """The SVG line chart of one suite's history: each series as its change since its first point (%), the
     ones that moved most first (at most *limit* lines; a note counts the others); None when no series moved."""
-    points = sorted({(p["date"], p["commit"]) for s in series for p in s["points"]})
+    points = sorted({(p.date, p.commit) for s in series for p in s.points})
     if not points:
         return None
     where = {key: i for i, key in enumerate(points)}
-    drawn: list[tuple[float, dict[str, Any], list[float | None]]] = []
+    drawn: list[tuple[float, Series, list[float | None]]] = []
     for s in series:
-        ordered = sorted(s["points"], key=lambda p: (p["date"], p["commit"]))
-        relative = _relative([float(p["value"]) for p in ordered])
+        ordered = sorted(s.points, key=lambda p: (p.date, p.commit))
+        relative = _relative([float(p.value) for p in ordered])
         if relative is None:
             continue
         values: list[float | None] = [None] * len(points)
         for p, r in zip(ordered, relative, strict=True):
-            values[where[(p["date"], p["commit"])]] = r
+            values[where[(p.date, p.commit)]] = r
         drawn.append((max(abs(r) for r in relative), s, values))
     if not drawn or all(d[0] == 0 for d in drawn):
         return None
-    drawn.sort(key=lambda d: (-d[0], d[1]["test"], d[1]["metric"]))
+    drawn.sort(key=lambda d: (-d[0], d[1].test, d[1].metric))
     lines = []
     for n, (_, s, values) in enumerate(drawn[:limit]):
-        ordered = sorted(s["points"], key=lambda p: (p["date"], p["commit"]))
-        first, last = ordered[0]["value"], ordered[-1]["value"]
-        name = (f"{short_label(s['test'].split('::', 1)[-1] + ' · ' + s['metric'], 64)}: "
-                f"{format_value(first, s['unit'])} → {format_value(last, s['unit'])}")
+        ordered = sorted(s.points, key=lambda p: (p.date, p.commit))
+        first, last = ordered[0].value, ordered[-1].value
+        name = (f"{short_label(s.test.split('::', 1)[-1] + ' · ' + s.metric, 64)}: "
+                f"{format_value(first, s.unit)} → {format_value(last, s.unit)}")
         lines.append(Line(name=name, values=values, color=PALETTE[n % len(PALETTE)]))
     dates = [date for date, commit in points if commit != RUN_POINT] or [points[0][0]]
     span = f"{dates[0][:10]} to {dates[-1][:10]}" + (", then this run" if points[-1][1] == RUN_POINT else "")
@@ -260,17 +292,16 @@ def _table(rows: list[Row], kinds: dict[tuple[str, str], str]) -> list[str]:
 RUN_POINT, RUN_DATE = "run", "9999-12-31T23:59:59Z"
 
 
-def with_this_run(series: dict[str, Any], report: Report) -> dict[str, Any]:
+def with_this_run(series: Series, report: Report) -> Series:
     """*series* with this run's value of its metric as a last point (labelled ``run``): the accepted values, then
     where the run stands. Unchanged when the run did not record the metric."""
     for m in report.metrics():
-        if m.nodeid == series["test"] and m.metric.name == series["metric"]:
-            point = {"commit": RUN_POINT, "date": RUN_DATE, "value": m.metric.value, "source": "report"}
-            return {**series, "points": [*series["points"], point]}
+        if m.nodeid == series.test and m.metric.name == series.metric:
+            return replace(series, points=(*series.points, SeriesPoint(RUN_POINT, RUN_DATE, m.metric.value, "report")))
     return series
 
 
-def html_page(data: Report | dict[str, Any], history: list[dict[str, Any]] | None = None) -> str:
+def html_page(data: Report | dict[str, Any], history: list[Series] | list[dict[str, Any]] | None = None) -> str:
     """The HTML page of a report (its records, or its data read into them), with the history charts of *history*
     (see the module): the series of this run's hardware key and tier (a series without ``hardware_key`` is taken
     as it is)."""
@@ -279,13 +310,16 @@ def html_page(data: Report | dict[str, Any], history: list[dict[str, Any]] | Non
     bars = changed_bars(report)
     charts = by_suite(bars)
     kinds = metric_kinds(report)
-    series_of: dict[str, list[dict[str, Any]]] = {}
+    series_of: dict[str, list[Series]] = {}
     # Only this run's own keys: its hardware key (machine-bound series) and its tier (portable ones); another
     # machine's history is not this run's.
     keys = {str(report.hardware.key), str(report.hardware.tier)}
-    for s in history or []:
-        if s.get("hardware_key") in (None, *keys):
-            series_of.setdefault(s["suite"], []).append(with_this_run(s, report))
+    records = [s for s in history or [] if isinstance(s, Series)]
+    if history and len(records) < len(history):
+        records = history_series(history)
+    for s in records:
+        if s.hardware_key in (None, *keys):
+            series_of.setdefault(s.suite, []).append(with_this_run(s, report))
     suites = sorted({t.suite for t in report.tests} | set(series_of))
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
