@@ -101,3 +101,21 @@ def test_an_upgrade_json_of_a_newer_schema_is_refused() -> None:
 
     with pytest.raises(ReportError, match=r"upgrade\.json of schema 2, newer than this vramgate reads"):
         read_upgrade({**upgrade_sample(), "schema": 2})
+
+
+def test_the_paired_rule_says_the_noise_line_once() -> None:
+    import dataclasses
+
+    from report_samples import _noisy
+    from vramgate.core.checks import check_budget, check_noise
+    from vramgate.core.paired import TOO_NOISY, paired_rule
+
+    metric = _noisy()
+    rule = paired_rule(metric)
+    assert rule is not None and paired_rule(dataclasses.replace(metric, paired=None)) is None
+    assert rule.message_lines() == ["look 1: 6 rounds, ratios 0.54 - 1.6", rule.noise()[1]]
+    assert metric.paired is not None
+    judged = dataclasses.replace(metric.paired, noise_in_looks=True)
+    assert paired_rule(dataclasses.replace(metric, paired=judged)).message_lines() == list(judged.looks)
+    assert check_noise(metric) == rule.too_noisy() and str(rule.too_noisy()).startswith(TOO_NOISY)
+    assert check_budget(metric) == rule.in_run()

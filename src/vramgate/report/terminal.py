@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from vramgate.core.checks import TOO_NOISY, paired_noise
 from vramgate.core.metrics import format_change, format_value
+from vramgate.core.paired import TOO_NOISY, paired_rule
 from vramgate.report.summary import (
     ACCEPTABLE,
     Hardware,
@@ -68,10 +68,9 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                 f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
                 f"{change}, {f.verdict} ({f.detail})"
             )
-        if m.paired is not None:  # Note [second look] in vramgate.engine.looks: what each look found
-            lines += [f"    {line}" for line in m.paired.looks]
-            if not any("noise:" in line for line in m.paired.looks):
-                lines.append(f"    {paired_noise(m.paired)[1]}")
+        rule = paired_rule(m)
+        if rule is not None:  # Note [second look] in vramgate.engine.looks: what each look found
+            lines += [f"    {line}" for line in rule.message_lines()]
     recorded = next((c for c in failed if c.finding.provenance), None)
     if recorded is not None and recorded.finding.provenance is not None:
         lines.append(f"Baseline: {recorded.file or '?'}, {recorded.finding.provenance.describe()}")

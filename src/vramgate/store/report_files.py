@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
-from vramgate.core.checks import TOO_NOISY, Untrusted, Verdict, verdict_text
+from vramgate.core.checks import Untrusted, Verdict, verdict_text
 from vramgate.core.metrics import Metric
+from vramgate.core.paired import TOO_NOISY
 from vramgate.core.records import RecordFormat
 from vramgate.store.baselines import BaselineError, parse_metric
 
