@@ -119,3 +119,22 @@ def test_the_paired_rule_says_the_noise_line_once() -> None:
     assert paired_rule(dataclasses.replace(metric, paired=judged)).message_lines() == list(judged.looks)
     assert check_noise(metric) == rule.too_noisy() and str(rule.too_noisy()).startswith(TOO_NOISY)
     assert check_budget(metric) == rule.in_run()
+
+
+def test_one_function_makes_a_verdicts_text() -> None:
+    from vramgate.core.checks import verdict_text
+
+    assert [verdict_text("regressed", False), verdict_text("regressed", True), verdict_text("ok", True),
+            verdict_text("ok", True, name_ok=True)] == ["regressed", "regressed, outside budget", "outside budget",
+                                                         "ok, outside budget"]
+
+
+def test_the_junit_properties_name_every_verdict() -> None:
+    from report_samples import summary
+    from vramgate.report.data import junit_properties
+
+    found = [m.finding for node in summary().nodes for m in node.metrics]
+    properties = dict(junit_properties(found))
+    assert "; verdict ok, outside budget; " in properties["vramgate.weights"]
+    assert "; verdict regressed, outside budget; " in properties["vramgate.page_bytes"]
+    assert "; verdict ok; " in properties["vramgate.num_blocks"]

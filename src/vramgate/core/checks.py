@@ -29,13 +29,14 @@ FAILING: frozenset[str] = frozenset({"regressed", "missing", "incompatible", "un
 Untrusted = Literal["gpu state", "too noisy"]
 
 
-def verdict_text(verdict: str, outside_budget: bool) -> str:
+def verdict_text(verdict: str, outside_budget: bool, *, name_ok: bool = False) -> str:
     """The one display text of a verdict: *verdict* itself, ``outside budget`` for an ``ok`` figure that breaks
-    its budget, ``<verdict>, outside budget`` for any other that does. Never parsed back: readers keep the verdict
-    and whether the figure is outside its budget as fields."""
+    its budget (``ok, outside budget`` with *name_ok*, as the junit properties name every verdict), ``<verdict>,
+    outside budget`` for any other that does. Never parsed back: readers keep the verdict and whether the figure
+    is outside its budget as fields."""
     if not outside_budget:
         return verdict
-    return "outside budget" if verdict == "ok" else f"{verdict}, outside budget"
+    return "outside budget" if verdict == "ok" and not name_ok else f"{verdict}, outside budget"
 
 
 @dataclass(frozen=True)

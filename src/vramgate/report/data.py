@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vramgate.core.checks import Finding
+from vramgate.core.checks import Finding, verdict_text
 from vramgate.report.chart import plot_changes
 from vramgate.report.markdown import markdown
 from vramgate.report.summary import Summary
@@ -42,7 +42,7 @@ def junit_properties(findings: list[Finding]) -> list[tuple[str, str]]:
     for f in findings:
         m = f.metric
         base = f"{num(f.baseline.value)} {m.unit}" if f.baseline is not None else "none"
-        verdict = f.verdict + (", outside budget" if f.budget else "")  # every verdict named, ok included
+        verdict = verdict_text(f.verdict, bool(f.budget), name_ok=True)
         out.append((f"vramgate.{m.name}", f"{num(m.value)} {m.unit}; baseline {base}; verdict {verdict}; "
                     f"{m.kind}, {m.better} is better, {m.effective_scope}, tolerance {m.effective_tolerance:g}"))
     return out
