@@ -190,7 +190,7 @@ def test_labels_and_software_versions_in_memory(old: Path) -> None:
 def test_a_removed_metric_of_a_failing_test_says_so(pytester: pytest.Pytester, old: Path) -> None:
     after = load_report(old)
     test = next(t for t in after["tests"] if t["nodeid"].endswith("test_paired"))
-    test["test_passed"], test["metrics"] = False, []
+    test["test_passed"], test["metrics"], test["rows"] = False, [], []
     comparison = compare_reports(load_report(old), after, labels=("old", "new"))
     assert [(r.metric, r.reason) for r in comparison.removed] == [("step_ratio", "the test failed in new")]
 

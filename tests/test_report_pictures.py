@@ -26,7 +26,8 @@ def _test(nodeid: str, suite: str, metrics: list[tuple[str, float | None, str, b
                      "change": "-" if change is None else f"{change * 100:+.2f}%", "limit": "+5.0% vs baseline",
                      "verdict": verdict, "change_value": change, "failed": failed, "scope": "portable", "key": "cpu"})
         entries.append({"name": name, "verdict": verdict, "failed": failed, "change": change,
-                        "now": {"value": 1024, "unit": "B", "kind": kind, "better": "lower"}})
+                        "now": {"value": 1024, "unit": "B", "kind": kind, "better": "lower",
+                                **({"samples": [1024.0]} if kind == "measured" else {})}})
     failed_test = any(m[3] for m in metrics)
     return {"nodeid": nodeid, "suite": suite, "test_passed": True, "failed": failed_test,
             "message": failed_message if failed_test else None, "baseline_file": "?", "version_mismatches": [],

@@ -131,10 +131,10 @@ def test_the_upgrade_report_says_what_utilization_keeps_the_old_kv_cache() -> No
 
     gib, mib = 1 << 30, 1 << 20
     rows = serving_advice(report(gib + 400 * mib, 624 * mib), report(gib + 336 * mib, 688 * mib))
-    assert len(rows) == 1 and rows[0]["needed_bytes"] == gib + 400 * mib + 688 * mib
-    assert rows[0]["factor"] == pytest.approx((2 * gib + 64 * mib) / (2 * gib))
-    data = {"from": "0.31.0", "to": "0.32.0", "tier": "cpu", "regressions": 0, "runs": [], "serving": rows,
-            "comparison_markdown": ""}
+    assert len(rows) == 1 and rows[0].needed_bytes == gib + 400 * mib + 688 * mib
+    assert rows[0].factor == pytest.approx((2 * gib + 64 * mib) / (2 * gib))
+    data = {"schema": 1, "from": "0.31.0", "to": "0.32.0", "tier": "cpu", "regressions": 0, "runs": [],
+            "serving": [r.to_json() for r in rows], "comparison_markdown": ""}
     text = upgrade_markdown(data)
     assert "### Serving capacity: the memory the new version needs for the old KV cache" in text
     assert "x1.0312 (+3.12%: e.g. 0.90 -> 0.9281; 2.06 GiB requested)" in text, text

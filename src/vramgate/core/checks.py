@@ -11,9 +11,10 @@ from typing import Literal
 
 from vramgate.core.kinds import kind_rule
 from vramgate.core.leak import POWER, SLOPE_SCALE
-from vramgate.core.metrics import Metric, Paired, format_change, relative_change
+from vramgate.core.metrics import Metric, format_change, relative_change
+from vramgate.core.paired import paired_rule
 from vramgate.core.provenance import Provenance
-from vramgate.core.stats import DEFAULT_ALPHA, DETECTION_POWER, compare_pairs, detectable_pair_shift
+from vramgate.core.stats import DEFAULT_ALPHA
 
 Verdict = Literal[
     "ok", "regressed", "improved", "missing", "new", "updated", "incompatible", "not compared", "untrusted",
@@ -22,6 +23,20 @@ Verdict = Literal[
 
 #: Verdicts that fail a test (budget failures fail it too, whatever the verdict).
 FAILING: frozenset[str] = frozenset({"regressed", "missing", "incompatible", "untrusted"})
+
+#: Why an ``untrusted`` verdict was not judged: the GPU-state guard distrusted the measurement, or a paired
+#: metric's run was too noisy for its in-run check (:func:`check_noise`).
+Untrusted = Literal["gpu state", "too noisy"]
+
+
+def verdict_text(verdict: str, outside_budget: bool, *, name_ok: bool = False) -> str:
+    """The one display text of a verdict: *verdict* itself, ``outside budget`` for an ``ok`` figure that breaks
+    its budget (``ok, outside budget`` with *name_ok*, as the junit properties name every verdict), ``<verdict>,
+    outside budget`` for any other that does. Never parsed back: readers keep the verdict and whether the figure
+    is outside its budget as fields."""
+    if not outside_budget:
+        return verdict
+    return "outside budget" if verdict == "ok" and not name_ok else f"{verdict}, outside budget"
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,8 @@ class Finding:
     """Why the metric breaks its ceiling or floor, or None when within budget."""
     detail: str = ""
     """How the comparison was decided (tolerance, p-value)."""
+    untrusted: Untrusted | None = None
+    """Why an ``untrusted`` verdict was not judged; None for every other verdict."""
 
     @property
     def failed(self) -> bool:
@@ -50,14 +67,10 @@ def check_budget(metric: Metric) -> str | None:
     A paired metric (:class:`~vramgate.core.metrics.Paired`) also fails its budget
     when the candidate side is worse than the reference side of the same run.
     """
-    if metric.paired is not None:
-        pair = metric.paired
-        result = compare_pairs(pair.reference, pair.candidate, better=metric.better, tolerance=pair.tolerance,
-                               alpha=pair.alpha)
-        if result.regressed:
-            return (f"the candidate is worse than its reference in this run: median ratio {1 + result.change:.4g} "
-                    f"({format_change(result.change)}; tolerance {pair.tolerance:.1%}, signed-rank one-sided "
-                    f"p = {result.p_worse:.2g})")
+    rule = paired_rule(metric)
+    worse = rule.in_run() if rule is not None else None  # the paired rule's in-run check (vramgate.core.paired)
+    if worse:
+        return worse
     if metric.fit is not None and metric.ceiling is not None:  # Note [leak fit] in vramgate.core.leak
         fit, allowance = metric.fit, metric.ceiling / SLOPE_SCALE
         if fit.shows_leak(allowance):
@@ -88,32 +101,13 @@ def leak_detail(metric: Metric) -> str:
     return f"{line}; ceiling {metric.show(metric.ceiling)}; this run's floor {metric.show(floor)}"
 
 
-#: How the noise guard's verdict begins (Note [noise guard] in :mod:`vramgate.core.stats`).
-TOO_NOISY = "too noisy to judge"
-
-
-def paired_noise(pair: Paired) -> tuple[float | None, str]:
-    """The smallest shift the in-run check of *pair* can detect on its own samples (Note [noise guard] in
-    :mod:`vramgate.core.stats`), and a line saying it beside the tolerance; None where the samples give no spread
-    (a non-positive sample)."""
-    try:
-        shift = detectable_pair_shift(pair.reference, pair.candidate, alpha=pair.alpha)
-    except ValueError:
-        return None, "noise: not measurable on these samples"
-    return shift, (f"noise: on this run's samples the in-run check detects a shift of {shift:.1%} or more "
-                   f"(alpha {pair.alpha:g}, power {DETECTION_POWER:.0%}); its tolerance is {pair.tolerance:.1%}")
-
 
 def check_noise(metric: Metric) -> str | None:
-    """Why *metric*, a paired metric, cannot be judged on its own samples: the run was too noisy for its in-run
-    check to detect a shift of its tolerance (Note [noise guard] in :mod:`vramgate.core.stats`); None when it can
-    be, or when the metric is not paired. Such a metric is ``untrusted``: neither a red nor a green."""
-    if metric.paired is None:
-        return None
-    shift, line = paired_noise(metric.paired)
-    if shift is None or shift <= metric.paired.tolerance:
-        return None
-    return f"{TOO_NOISY}: {line}"
+    """Why *metric*, a paired metric, cannot be judged on its own samples
+    (:meth:`vramgate.core.paired.PairedRule.too_noisy`); None when it can be, or when the metric is not paired. Such
+    a metric is ``untrusted``: neither a red nor a green."""
+    rule = paired_rule(metric)
+    return rule.too_noisy() if rule is not None else None
 
 
 def check_baseline(metric: Metric, baseline: Metric, *, alpha: float = DEFAULT_ALPHA) -> tuple[Verdict, float, str]:

@@ -197,6 +197,9 @@ class Paired:
     looks: tuple[str, ...] = ()
     """What each look of the measurement found (Note [second look] in :mod:`vramgate.engine.looks`), as lines a
     failing test's message shows; empty when the samples are one look."""
+    noise_in_looks: bool = False
+    """Whether :attr:`looks` hold the noise guard's line of each look (the recorder says so: they were judged with
+    the fixture's ``paired_checks``); the message adds the final samples' line otherwise."""
 
 
 @dataclass

@@ -41,6 +41,7 @@ whole GiB and, when set, it overrides ``kv_cache_memory_bytes``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -53,6 +54,7 @@ from typing import Any
 
 from vramgate.core.answers import TOP_K
 from vramgate.engine.arguments import engine_kwargs
+from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.measure import (
     PLANT_WEIGHT_BYTES_ENV,
     StepTimer,
@@ -187,62 +189,65 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
         decision = decide(core, cache, cfg.model_config, engine.collective_rpc(worker_memory_decision),
                           max(peaks) if peaks else None).to_json()
     stats = sched.kv_cache_manager.prefix_cache_stats
-    memory: dict[str, Any] = {
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "weights_bytes": worker["weights_bytes"],
-        "parameter_bytes": worker["parameter_bytes"],
-        "kv_tensor_bytes": worker["kv_tensor_bytes"],
-        "vllm_model_memory_usage": worker["model_memory_usage"],
-        "ranks": [{"weights_bytes": r["weights_bytes"], "kv_tensor_bytes": r["kv_tensor_bytes"],
-                   "model_memory_usage": r["model_memory_usage"], **a} for r, a in zip(ranks, allocators,
-                                                                                        strict=True)],
-    }
-    # Note [allocator peak]: per rank, in the ranks' own processes; rank 0's is the headline figure.
-    memory.update(allocators[0] if allocators else {})
-    if history:
-        dumped = engine.collective_rpc(worker_memory_history_dump, args=(str(history_dir),))
-        memory["memory_history"] = [p for p in dumped if p]
+    dumped = engine.collective_rpc(worker_memory_history_dump, args=(str(history_dir),)) if history else None
+    # The figures are built as their records (vramgate.engine.figures), so a field this worker misses or misspells
+    # fails here and under the type checker, not where the runner reads the result back.
+    memory = MemoryFigures(
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        weights_bytes=worker["weights_bytes"],
+        parameter_bytes=worker["parameter_bytes"],
+        kv_tensor_bytes=worker["kv_tensor_bytes"],
+        vllm_model_memory_usage=worker["model_memory_usage"],
+        ranks=[{"weights_bytes": r["weights_bytes"], "kv_tensor_bytes": r["kv_tensor_bytes"],
+                "model_memory_usage": r["model_memory_usage"], **a} for r, a in zip(ranks, allocators, strict=True)],
+        # Note [allocator peak]: per rank, in the ranks' own processes; rank 0's is the headline figure.
+        **(allocators[0] if allocators else {}),
+        memory_history=[p for p in dumped if p] if dumped is not None else None,
+    )
     page = worker["groups"][0]["page_bytes"] if worker["groups"] else 0  # no KV cache: no page
     layers = sum(g["layers"] for g in worker["groups"])
+    kv = KVFigures(
+        block_size=cache.block_size,
+        num_gpu_blocks=cache.num_gpu_blocks,
+        usable_blocks=cache.num_gpu_blocks - 1,
+        page_bytes=page,
+        num_layers=layers,
+        bytes_per_token=page * layers // cache.block_size if page else 0,
+        capacity_tokens=cache.kv_cache_size_tokens,
+        budget_bytes=kwargs.get("kv_cache_memory_bytes"),
+        groups=worker["groups"],
+    )
+    scheduler = SchedulerFigures(
+        steps=probe.steps,
+        peak_blocks_in_use=probe.peak,
+        preemptions=probe.preemptions,
+        preemptions_by_request=preempted,
+        recomputed_tokens=probe.recomputed,
+        prefix_cache_queries=int(stats.queries) if stats else None,
+        prefix_cache_hits=int(stats.hits) if stats else None,
+        cached_prompt_tokens=cached,
+        internal_waste_mean=probe.waste_mean,
+        internal_waste_max=probe.waste_max,
+        chunked_prefill=sched_cfg.enable_chunked_prefill,
+        prefix_caching=cache.enable_prefix_caching,
+        async_scheduling=sched_cfg.async_scheduling,
+    )
+    latency = LatencyFigures(
+        ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, queue_s=queue, output_lens=lens,
+        ttft=percentiles(ttft), tpot=percentiles(tpot), e2e=percentiles(e2e),
+        output_tokens=out_tokens,
+        prompt_tokens=workload.prompt_tokens,
+        output_throughput_tokens_per_s=out_tokens / t_generate if t_generate else 0.0,
+    )
     result: dict[str, Any] = {
         "schema": ENGINE_RESULT_FORMAT.current,
         "spec": spec.to_json(),
         "versions": engine_versions(),
         "device": torch.cuda.get_device_name(0) if on_gpu else f"cpu ({platform.machine()})",
-        "kv": {
-            "block_size": cache.block_size,
-            "num_gpu_blocks": cache.num_gpu_blocks,
-            "usable_blocks": cache.num_gpu_blocks - 1,
-            "page_bytes": page,
-            "num_layers": layers,
-            "bytes_per_token": page * layers // cache.block_size if page else 0,
-            "capacity_tokens": cache.kv_cache_size_tokens,
-            "budget_bytes": kwargs.get("kv_cache_memory_bytes"),
-            "groups": worker["groups"],
-        },
-        "memory": memory,
-        "scheduler": {
-            "steps": probe.steps,
-            "peak_blocks_in_use": probe.peak,
-            "preemptions": probe.preemptions,
-            "preemptions_by_request": preempted,
-            "recomputed_tokens": probe.recomputed,
-            "prefix_cache_queries": int(stats.queries) if stats else None,
-            "prefix_cache_hits": int(stats.hits) if stats else None,
-            "cached_prompt_tokens": cached,
-            "internal_waste_mean": probe.waste_mean,
-            "internal_waste_max": probe.waste_max,
-            "chunked_prefill": sched_cfg.enable_chunked_prefill,
-            "prefix_caching": cache.enable_prefix_caching,
-            "async_scheduling": sched_cfg.async_scheduling,
-        },
-        "latency": {
-            "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue, "output_lens": lens,
-            "ttft": percentiles(ttft), "tpot": percentiles(tpot), "e2e": percentiles(e2e),
-            "output_tokens": out_tokens,
-            "prompt_tokens": workload.prompt_tokens,
-            "output_throughput_tokens_per_s": out_tokens / t_generate if t_generate else 0.0,
-        },
+        "kv": dataclasses.asdict(kv),
+        "memory": dataclasses.asdict(memory),
+        "scheduler": dataclasses.asdict(scheduler),
+        "latency": dataclasses.asdict(latency),
         "compilation": {"fusion": fusion},
         "timing": {"import_s": t_import, "init_s": t_init, "generate_s": t_generate,
                    "total_s": time.perf_counter() - t0},

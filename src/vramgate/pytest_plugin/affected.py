@@ -93,8 +93,9 @@ class Selection:
     def line(self) -> str:
         """One line for the summaries: what ran, what did not, and against what."""
         from vramgate.report.summary import affected_line
+        from vramgate.store.report_files import AffectedFacts
 
-        return affected_line(self.to_json()) or ""
+        return affected_line(AffectedFacts(self.to_json())) or ""
 
     def time_line(self, durations: dict[str, float]) -> str:
         """What the kept tests took of the whole set's time, by the measured seconds in *durations* (a test not

@@ -6,11 +6,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from vramgate.core.checks import TOO_NOISY, Finding, check_noise, paired_noise
+from vramgate.core.checks import Finding
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
 from vramgate.core.leak import LeakFit
 from vramgate.core.metrics import Better, Kind, Metric, Paired, Scope, median
+from vramgate.core.paired import TOO_NOISY, paired_rule
 
 if TYPE_CHECKING:
     from vramgate.profiles.manifest import Profile
@@ -152,6 +153,7 @@ class Gate:
         history_tolerance: float | None = None,
         ceiling: float | None = None,
         looks: Sequence[str] = (),
+        noise_in_looks: bool = False,
     ) -> Metric:
         """Record a candidate against a reference measured in the same session, pair by pair (paired A/B).
 
@@ -165,10 +167,12 @@ class Gate:
         *tolerance* make it ``untrusted`` (Note [noise guard] in
         :mod:`vramgate.core.stats`): it fails, saying why, and never becomes a
         baseline. *looks*: what each look found (:meth:`paired_checks`), shown
-        when it fails.
+        when it fails; *noise_in_looks*: they hold each look's noise guard line (the looks were judged with
+        :meth:`paired_checks`), so the message adds no line of its own.
         """
         return self._add(self._paired(name, reference, candidate, better=better, tolerance=tolerance, alpha=alpha,
-                                      history_tolerance=history_tolerance, ceiling=ceiling, looks=looks))
+                                      history_tolerance=history_tolerance, ceiling=ceiling, looks=looks,
+                                      noise_in_looks=noise_in_looks))
 
     def paired_checks(self, name: str, reference: Iterable[float], candidate: Iterable[float], *,
                       better: Better = "lower", tolerance: float, alpha: float = 0.01,
@@ -179,9 +183,10 @@ class Gate:
         look] in :mod:`vramgate.engine.paired`)."""
         metric = self._paired(name, reference, candidate, better=better, tolerance=tolerance, alpha=alpha,
                               history_tolerance=history_tolerance, ceiling=None, looks=())
-        assert metric.paired is not None
-        noisy = check_noise(metric)
-        out = [(paired_noise(metric.paired)[1] + (f": {TOO_NOISY}" if noisy else ""), noisy is not None)]
+        rule = paired_rule(metric)
+        assert rule is not None
+        noisy = rule.too_noisy()
+        out = [(rule.noise()[1] + (f": {TOO_NOISY}" if noisy else ""), noisy is not None)]
         if self.previewer is not None:
             found = self.previewer(metric)
             if found.verdict not in ("untrusted",):
@@ -205,7 +210,7 @@ class Gate:
 
     def _paired(self, name: str, reference: Iterable[float], candidate: Iterable[float], *, better: Better,
                 tolerance: float, alpha: float, history_tolerance: float | None, ceiling: float | None,
-                looks: Sequence[str]) -> Metric:
+                looks: Sequence[str], noise_in_looks: bool = False) -> Metric:
         ref, cand = [float(v) for v in reference], [float(v) for v in candidate]
         if len(ref) != len(cand) or len(ref) < 2:
             raise ValueError(f"metric {name!r}: need at least 2 pairs of samples, got {len(ref)} and {len(cand)}")
@@ -215,7 +220,8 @@ class Gate:
         return Metric(
             name, median(ratios), "ratio", "measured", better, ceiling=ceiling,
             tolerance=tolerance if history_tolerance is None else history_tolerance, samples=ratios,
-            paired=Paired(tuple(ref), tuple(cand), tolerance, alpha, tuple(looks)),
+            paired=Paired(tuple(ref), tuple(cand), tolerance, alpha, tuple(looks),
+                          noise_in_looks=noise_in_looks),
         )
 
     def claim(self, statement: str, *, held: bool, evidence: str, source: str = "",

@@ -332,10 +332,11 @@ class GateSession:
         base = entry.metrics.get(metric.name) if entry else None
         provenance = entry.recorded if entry else None
         if kind_rule(metric.kind).timed and recorder.untrusted:
-            return Finding(metric, "untrusted", base, provenance, None, budget, "; ".join(recorder.untrusted))
+            return Finding(metric, "untrusted", base, provenance, None, budget, "; ".join(recorder.untrusted),
+                           untrusted="gpu state")
         noise = check_noise(metric)  # Note [noise guard] in vramgate.core.stats
         if noise:
-            return Finding(metric, "untrusted", base, provenance, None, None, noise)
+            return Finding(metric, "untrusted", base, provenance, None, None, noise, untrusted="too noisy")
         if self.computed_tier and metric.effective_scope == "machine":
             return Finding(metric, "not compared", budget=budget,
                            detail=f"machine-bound: this session computes the {self.computed_tier} tier's portable "

@@ -13,7 +13,6 @@ from vramgate.report.compare import (
     load_report,
 )
 from vramgate.report.data import (
-    ReportError,
     junit_properties,
     merge_report_files,
     report_data,
@@ -30,11 +29,12 @@ from vramgate.report.html import check_history, html_page, load_history
 from vramgate.report.markdown import markdown
 from vramgate.report.table import plan_baseline_lines, plan_lines, rows_of, text_table
 from vramgate.report.terminal import failure_message, terminal_summary
+from vramgate.store.report_files import Report, ReportError, read_report
 
 __all__ = [ "ComparedMetric",
-    "Comparison", "ReportError", "changed_bars", "check_history", "compare_report_files", "compare_reports",
+    "Comparison", "Report", "ReportError", "changed_bars", "check_history", "compare_report_files", "compare_reports",
     "export_text", "failure_message", "html_page", "junit_properties", "load_history",
     "load_report", "markdown", "merge_report_files", "parse_export",
-    "plan_baseline_lines", "plan_lines", "report_data", "rows_of",
+    "plan_baseline_lines", "plan_lines", "read_report", "report_data", "rows_of",
     "terminal_summary", "text_table", "to_bmf", "to_pytorch", "write_report", "write_report_data",
 ]

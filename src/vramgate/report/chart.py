@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vramgate.core.checks import Verdict, verdict_text
 from vramgate.core.kinds import changed_by_kind
 from vramgate.report.summary import verdict_rank
-from vramgate.report.table import Row
+from vramgate.store.report_files import Report, Row, as_report
 
 #: The colour of a bar by its :attr:`Bar.state`: failing red, improved green, otherwise changed blue.
 STATE_COLORS = {"failing": "#d62728", "improved": "#2ca02c", "changed": "#1f77b4"}
@@ -36,15 +37,21 @@ class Bar:
     metric: str
     change: float
     """The relative change against the baseline (a finite fraction: 0.05 is +5%)."""
-    verdict: str
+    verdict: Verdict
     failed: bool
+    outside_budget: bool = False
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as the tables show it."""
+        return verdict_text(self.verdict, self.outside_budget)
 
     @property
     def state(self) -> str:
         """``failing``, ``improved`` or ``changed`` (the key of :data:`STATE_COLORS`)."""
         if self.failed:
             return "failing"
-        return "improved" if self.verdict.split(",")[0] == "improved" else "changed"
+        return "improved" if self.verdict == "improved" else "changed"
 
     @property
     def color(self) -> str:
@@ -64,10 +71,9 @@ def short_label(text: str, limit: int = LABEL_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def metric_kinds(data: dict[str, Any]) -> dict[tuple[str, str], str]:
-    """The kind (``exact``, ``measured``, ...) of every metric of report data, by (node id, metric)."""
-    return {(t["nodeid"], m["name"]): (m.get("now") or {}).get("kind", "")
-            for t in data["tests"] for m in t.get("metrics", [])}
+def metric_kinds(report: Report) -> dict[tuple[str, str], str]:
+    """The kind (``exact``, ``measured``, ...) of every metric of a report, by (node id, metric)."""
+    return {(m.nodeid, m.metric.name): m.metric.kind for m in report.metrics()}
 
 
 def is_changed(row: Row, kind: str) -> bool:
@@ -78,27 +84,29 @@ def is_changed(row: Row, kind: str) -> bool:
         return True
     if row.change_value is None or not math.isfinite(row.change_value):
         return False
-    return changed_by_kind(kind, row.verdict.split(",")[0], row.change_value)
+    return changed_by_kind(kind, row.verdict, row.change_value)  # a figure outside its budget failed above
 
 
-def changed_bars(data: dict[str, Any]) -> list[Bar]:
-    """The changed and failing metrics of report data (``report.json``) that have a finite change, by suite,
-    then failing first, then the largest change first."""
-    kinds = metric_kinds(data)
+def changed_bars(data: Report | dict[str, Any]) -> list[Bar]:
+    """The changed and failing metrics of a report that have a finite change, by suite, then failing first, then
+    the largest change first."""
+    report = as_report(data)
+    kinds = metric_kinds(report)
     bars = [
-        Bar(suite=t["suite"], test=r["test"], metric=r["metric"], change=float(r["change_value"]),
-            verdict=r["verdict"], failed=r["failed"])
-        for t in data["tests"] for r in t["rows"]
-        if r["change_value"] is not None and math.isfinite(r["change_value"])
-        and is_changed(Row(**r), kinds.get((r["test"], r["metric"]), ""))
+        Bar(suite=t.suite, test=r.test, metric=r.metric, change=float(r.change_value), verdict=r.verdict,
+            failed=r.failed, outside_budget=r.outside_budget)
+        for t in report.tests for r in t.rows
+        if r.change_value is not None and math.isfinite(r.change_value)
+        and is_changed(r, kinds.get((r.test, r.metric), ""))
     ]
-    return sorted(bars, key=lambda b: (b.suite, not b.failed, verdict_rank(b.verdict), -abs(b.change), b.label))
+    return sorted(bars, key=lambda b: (b.suite, not b.failed, verdict_rank(b.verdict, b.outside_budget),
+                                       -abs(b.change), b.label))
 
 
-def failing_without_change(data: dict[str, Any]) -> list[Row]:
+def failing_without_change(report: Report) -> list[Row]:
     """The failing metrics no bar can show: no baseline to change from (missing, a broken ceiling) or an
     infinite change."""
-    return [row for t in data["tests"] for row in (Row(**r) for r in t["rows"])
+    return [row for row in report.rows()
             if row.failed and (row.change_value is None or not math.isfinite(row.change_value))]
 
 
@@ -110,7 +118,7 @@ def by_suite(bars: list[Bar]) -> dict[str, list[Bar]]:
     return out
 
 
-def plot_changes(data: dict[str, Any], path: Path) -> list[Bar] | None:
+def plot_changes(data: Report | dict[str, Any], path: Path) -> list[Bar] | None:
     """Bar chart (PNG) of the changed and failing metrics of report data into *path*; the bars drawn (the
     largest :data:`PNG_BARS`), an empty list where nothing changed (no file is written), None without
     matplotlib."""

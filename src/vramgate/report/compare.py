@@ -22,9 +22,8 @@ from vramgate.core.kinds import changed_by_kind
 from vramgate.core.metrics import Metric, format_change, format_value, relative_change
 from vramgate.core.records import read_json
 from vramgate.machine.software import COMPARED_VERSIONS
-from vramgate.report.data import ReportError
 from vramgate.report.table import aligned
-from vramgate.store.report_files import ReportMetric, check_report, report_metrics
+from vramgate.store.report_files import Report, ReportError, ReportMetric, read_report
 
 #: The order of a suite's rows: what needs a look first.
 ROW_ORDER = ("regressed", "incompatible", "not compared", "removed", "added", "improved", "ok")
@@ -238,22 +237,20 @@ def _require(cond: bool, source: str, message: str) -> None:
         raise ReportError(f"{source}: {message}")
 
 
-def _facts(data: Any, source: str, label: str, from_file: bool) -> RunFacts:
-    """The header facts of one run, its top level validated (*source* names it in errors)."""
-    data = check_report(data, source, ReportError)
-    hw = data.get("hardware")
-    _require(isinstance(hw, dict) and isinstance(hw.get("key"), str), source, "hardware: must be an object with a key")
-    software = data.get("software", {})
-    _require(isinstance(software, dict), source, "software: must be an object")
-    failing = tuple(t["nodeid"] for t in data["tests"] if isinstance(t, dict) and t.get("test_passed") is False)
-    versions = {k: str(v) for k, v in software.items()}
-    return RunFacts(label, source if from_file else "", hw["key"], str(hw.get("tier", "?")), versions,
-                    len(data["tests"]), failing)
+def _facts(report: Report, source: str, label: str, from_file: bool) -> RunFacts:
+    """The header facts of one run (*source* names it in errors)."""
+    key = report.hardware.key
+    _require(key is not None, source, "hardware: must be an object with a key")
+    assert key is not None
+    failing = tuple(t.nodeid for t in report.tests if t.test_passed is False)
+    versions = {k: str(v) for k, v in report.software.items()}
+    return RunFacts(label, source if from_file else "", key, report.hardware.tier or "?", versions,
+                    len(report.tests), failing)
 
 
-def _entries(data: dict[str, Any], source: str) -> dict[tuple[str, str], ReportMetric]:
-    """Every metric of a run by (node id, name), validated; :class:`ReportError` names the file and entry."""
-    return {(m.nodeid, m.metric.name): m for m in report_metrics(data, source, ReportError)}
+def _entries(report: Report) -> dict[tuple[str, str], ReportMetric]:
+    """Every metric of a run by (node id, name)."""
+    return {(m.nodeid, m.metric.name): m for m in report.metrics()}
 
 
 def _judge(old: Metric, new: Metric, hardware: tuple[str, str], tiers: tuple[str, str]) -> tuple[str, float, str, str]:
@@ -278,18 +275,19 @@ def _one_side(e: ReportMetric, verdict: str, reason: str) -> ComparedMetric:
                           reason=reason)
 
 
-def compare_reports(old: dict[str, Any], new: dict[str, Any], *, labels: tuple[str, str] = ("A", "B"),
-                    sources: tuple[str, str] | None = None) -> Comparison:
-    """Compare two runs' report data (``report.json`` as loaded): *old* plays the baseline of *new*.
+def compare_reports(old: Report | dict[str, Any], new: Report | dict[str, Any], *,
+                    labels: tuple[str, str] = ("A", "B"), sources: tuple[str, str] | None = None) -> Comparison:
+    """Compare two runs' reports (their records, or ``report.json`` as loaded): *old* plays the baseline of *new*.
 
     *labels* head the two value columns (``"vLLM 0.31.0"``); *sources* name where each came from in the header
     and in errors (errors name the labels without them). :class:`~vramgate.report.data.ReportError` for data
     that is not a report.
     """
     names = sources or labels
-    result = Comparison(_facts(old, names[0], labels[0], sources is not None),
-                        _facts(new, names[1], labels[1], sources is not None))
-    before, after = _entries(old, names[0]), _entries(new, names[1])
+    reports = read_report(old, names[0], ReportError), read_report(new, names[1], ReportError)
+    result = Comparison(_facts(reports[0], names[0], labels[0], sources is not None),
+                        _facts(reports[1], names[1], labels[1], sources is not None))
+    before, after = _entries(reports[0]), _entries(reports[1])
     hardware = (result.old.hardware_key, result.new.hardware_key)
     tiers = (result.old.tier, result.new.tier)
     for key in sorted(before.keys() & after.keys()):

@@ -6,20 +6,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from vramgate.core.checks import Finding
+from vramgate.core.checks import Finding, verdict_text
 from vramgate.report.chart import plot_changes
 from vramgate.report.markdown import markdown
 from vramgate.report.summary import Summary
 from vramgate.report.table import rows_of
 from vramgate.report.terminal import failure_message
 from vramgate.store.files import new_file_mode, stage_text
-from vramgate.store.report_files import REPORT_FORMAT, check_report
+from vramgate.store.report_files import (
+    AffectedFacts,
+    Claim,
+    HardwareFacts,
+    MetricRecord,
+    MovedBaselines,
+    MovedMetric,
+    Report,
+    ReportError,
+    TestRecord,
+    as_report,
+    read_report,
+)
 
 
 def junit_properties(findings: list[Finding]) -> list[tuple[str, str]]:
@@ -31,112 +42,102 @@ def junit_properties(findings: list[Finding]) -> list[tuple[str, str]]:
     for f in findings:
         m = f.metric
         base = f"{num(f.baseline.value)} {m.unit}" if f.baseline is not None else "none"
-        verdict = f.verdict + (", outside budget" if f.budget else "")
+        verdict = verdict_text(f.verdict, bool(f.budget), name_ok=True)
         out.append((f"vramgate.{m.name}", f"{num(m.value)} {m.unit}; baseline {base}; verdict {verdict}; "
                     f"{m.kind}, {m.better} is better, {m.effective_scope}, tolerance {m.effective_tolerance:g}"))
     return out
 
 
-def report_data(summary: Summary) -> dict[str, Any]:
-    """Everything the gate found, as plain JSON data (what ``report.md`` is made from; shards merge it)."""
+def report_record(summary: Summary) -> Report:
+    """Everything the gate found, as the report's records (:class:`~vramgate.store.report_files.Report`)."""
     tests = []
     for node in sorted(summary.nodes, key=lambda n: n.nodeid):
-        tests.append({
-            "nodeid": node.nodeid,
-            "suite": node.suite,
-            "test_passed": node.test_passed,
-            "failed": node.failed,
-            "message": failure_message(node, summary.hardware, summary.accept_args) if node.failed else None,
-            "baseline_file": node.baseline_file or "?",
-            "version_mismatches": node.mismatches,
-            "gpu_conditions": node.conditions,
-            "rows": [dataclasses.asdict(r) for r in rows_of([node])],
-            "metrics": [
-                {
-                    "name": f.metric.name,
-                    "verdict": f.verdict,
-                    "failed": f.failed,
-                    "now": f.metric.to_json(),
-                    "baseline": f.baseline.to_json() if f.baseline else None,
-                    "baseline_recorded": f.provenance.to_json() if f.provenance else None,
-                    "change": f.change if f.change is None or math.isfinite(f.change) else str(f.change),
-                    "budget": f.budget,
-                    "decided_by": f.detail,
-                }
+        tests.append(TestRecord(
+            nodeid=node.nodeid,
+            suite=node.suite,
+            test_passed=node.test_passed,
+            failed=node.failed,
+            message=failure_message(node, summary.hardware, summary.accept_args) if node.failed else None,
+            baseline_file=node.baseline_file or "?",
+            version_mismatches=node.mismatches,
+            gpu_conditions=node.conditions,
+            rows=rows_of([node]),
+            metrics=[
+                MetricRecord(name=f.metric.name, now=f.metric, verdict=f.verdict, failed=f.failed,
+                             baseline=f.baseline, baseline_recorded=f.provenance.to_json() if f.provenance else None,
+                             change=f.change, budget=f.budget, decided_by=f.detail, untrusted=f.untrusted)
                 for f in (m.finding for m in node.metrics)
             ],
-        })
-    return {
-        "schema": REPORT_FORMAT.current,
-        "hardware": summary.hardware.data,
-        "software": summary.software,
-        "missing_policy": summary.missing_policy,
-        "update": summary.update,
-        "accept_args": summary.accept_args,
-        "version_mismatches": sorted(summary.mismatch_lines()),
-        "tests": tests,
-        "claims": sorted(
-            ({"test": nodeid, "statement": c.statement, "held": c.held, "evidence": c.evidence, "source": c.source,
-              **({} if c.judged else {"judged": False})}  # a claim settled or not (ClaimVerdict.judged)
-             for nodeid, c in summary.claims),
-            key=lambda c: (c["test"], c["statement"]),
-        ),
-        "baselines_written": sorted(set(summary.written)),
-        "moved_baselines": summary.moved_json(),
-        **({"affected": summary.affected} if summary.affected is not None else {}),
-        "durations": {k: round(v, 3) for k, v in sorted(summary.durations.items())},
-    }
+        ))
+    return Report(
+        tests=tests,
+        hardware=HardwareFacts(summary.hardware.data),
+        software=summary.software,
+        missing_policy=summary.missing_policy,
+        update=summary.update,
+        accept_args=summary.accept_args,
+        version_mismatches=sorted(summary.mismatch_lines()),
+        claims=sorted((Claim(nodeid, c.statement, c.held, c.evidence, c.source, c.judged)
+                       for nodeid, c in summary.claims), key=lambda c: (c.test, c.statement)),
+        baselines_written=sorted(set(summary.written)),
+        moved_baselines=summary.moved(),
+        affected=AffectedFacts(summary.affected) if summary.affected is not None else None,
+        durations={k: round(v, 3) for k, v in sorted(summary.durations.items())},
+    )
 
 
-class ReportError(ValueError):
-    """Reports that cannot be merged (unreadable, or from different hardware or settings)."""
+def report_data(summary: Summary) -> dict[str, Any]:
+    """Everything the gate found, as plain JSON data (what ``report.md`` is made from; shards merge it)."""
+    return report_record(summary).to_json()
 
 
-def merge_reports(parts: list[dict[str, Any]], names: list[str] | None = None) -> dict[str, Any]:
+def merge_reports(parts: list[Any], names: list[str] | None = None) -> Report:
     """One report from the reports of several shards of one run (same hardware key and settings)."""
     if not parts:
         raise ReportError("no reports to merge")
     names = names or [f"report {i + 1}" for i in range(len(parts))]
-    parts = [check_report(part, name, ReportError) for name, part in zip(names, parts, strict=True)]
-    first = parts[0]
-    for name, part in zip(names, parts, strict=True):
-        if part["hardware"].get("key") != first["hardware"].get("key"):
-            raise ReportError(f"{name}: hardware key {part['hardware'].get('key')!r} differs from {names[0]}'s "
-                              f"{first['hardware'].get('key')!r}; shards of one run share a key")
-        for key in ("missing_policy", "update", "accept_args"):
-            if part.get(key) != first.get(key):
-                raise ReportError(f"{name}: {key} {part.get(key)!r} differs from {names[0]}'s {first.get(key)!r}")
-    tests = sorted((t for p in parts for t in p["tests"]), key=lambda t: t["nodeid"])
-    seen = [t["nodeid"] for t in tests]
+    reports = [read_report(part, name, ReportError) for name, part in zip(names, parts, strict=True)]
+    first = reports[0]
+    for name, part in zip(names, reports, strict=True):
+        if part.hardware.key != first.hardware.key:
+            raise ReportError(f"{name}: hardware key {part.hardware.key!r} differs from {names[0]}'s "
+                              f"{first.hardware.key!r}; shards of one run share a key")
+        for key, mine, theirs in (("missing_policy", part.missing_policy, first.missing_policy),
+                                  ("update", part.update, first.update),
+                                  ("accept_args", part.accept_args, first.accept_args)):
+            if mine != theirs:
+                raise ReportError(f"{name}: {key} {mine!r} differs from {names[0]}'s {theirs!r}")
+    tests = sorted((t for p in reports for t in p.tests), key=lambda t: t.nodeid)
+    seen = [t.nodeid for t in tests]
     duplicates = sorted({n for n in seen if seen.count(n) > 1})
     if duplicates:
         raise ReportError(f"test(s) reported by more than one shard: {', '.join(duplicates[:5])}")
-    return {
-        **first,
-        "version_mismatches": sorted({m for p in parts for m in p["version_mismatches"]}),
-        "tests": tests,
-        "claims": sorted((c for p in parts for c in p["claims"]), key=lambda c: (c["test"], c["statement"])),
-        "baselines_written": sorted({b for p in parts for b in p["baselines_written"]}),
-        "moved_baselines": _merge_moved([p.get("moved_baselines") for p in parts]),
-        "durations": dict(sorted({k: v for p in parts for k, v in (p.get("durations") or {}).items()}.items())),
-    }
+    return dataclasses.replace(
+        first,
+        version_mismatches=sorted({m for p in reports for m in p.version_mismatches}),
+        tests=tests,
+        claims=sorted((c for p in reports for c in p.claims), key=lambda c: (c.test, c.statement)),
+        baselines_written=sorted({b for p in reports for b in p.baselines_written}),
+        moved_baselines=_merge_moved([p.moved_baselines for p in reports]),
+        durations=dict(sorted({k: v for p in reports for k, v in p.durations.items()}.items())),
+    )
 
 
-def _merge_moved(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+def _merge_moved(parts: list[MovedBaselines | None]) -> MovedBaselines | None:
     """The shards' moved baselines: the same list from every shard, with this run's figure where a shard ran it."""
     present = [p for p in parts if p is not None]
     if not present:
         return None
-    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
+    merged: dict[tuple[str, str, str], MovedMetric] = {}
     for part in present:
-        for m in part["metrics"]:
-            key = (m["file"], m["test"], m["metric"])
-            if key not in merged or merged[key]["now"] is None:
+        for m in part.metrics:
+            key = (m.file, m.test, m.metric)
+            if key not in merged or merged[key].now is None:
                 merged[key] = m
-    return {"ref": present[0]["ref"], "metrics": [merged[k] for k in sorted(merged)]}
+    return MovedBaselines(present[0].ref, [merged[k] for k in sorted(merged)])
 
 
-def write_report_data(data: dict[str, Any], directory: Path) -> None:
+def write_report_data(data: Report | dict[str, Any], directory: Path) -> None:
     """Write ``report.json``, ``changes.png`` (when a metric changed and matplotlib is there) and ``report.md``
     into *directory*.
 
@@ -146,22 +147,24 @@ def write_report_data(data: dict[str, Any], directory: Path) -> None:
     and leaves the previous report as it was, never a truncated file or a
     new ``report.json`` beside an old ``report.md``.
     """
+    report = as_report(data)
+    raw = report.to_json() if isinstance(data, Report) else data
     directory.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[Path, Path]] = []
     try:
-        staged.append((stage_text(directory / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n"),
+        staged.append((stage_text(directory / "report.json", json.dumps(raw, indent=2, sort_keys=True) + "\n"),
                        directory / "report.json"))
         fd, name = tempfile.mkstemp(prefix=".changes.png.", suffix=".tmp", dir=directory)
         os.close(fd)
         png = Path(name)
         staged.append((png, directory / "changes.png"))
-        plot = "changes.png" if plot_changes(data, png) else None
+        plot = "changes.png" if plot_changes(report, png) else None
         if plot is None:
             staged.pop()
             png.unlink()
         else:
             os.chmod(png, new_file_mode(directory / "changes.png"))
-        staged.append((stage_text(directory / "report.md", markdown(data, plot)), directory / "report.md"))
+        staged.append((stage_text(directory / "report.md", markdown(report, plot)), directory / "report.md"))
         for tmp, final in staged:
             os.replace(tmp, final)
         if plot is None:  # nothing changed this time: the previous run's picture would mislead
@@ -176,7 +179,7 @@ def write_report_data(data: dict[str, Any], directory: Path) -> None:
 
 def write_report(summary: Summary, directory: Path) -> None:
     """The session's report into *directory* (see :func:`write_report_data`)."""
-    write_report_data(report_data(summary), directory)
+    write_report_data(report_record(summary), directory)
 
 
 def merge_report_files(paths: list[Path], directory: Path) -> dict[str, Any]:
@@ -189,4 +192,4 @@ def merge_report_files(paths: list[Path], directory: Path) -> dict[str, Any]:
             raise ReportError(f"{path}: cannot be read as a report ({exc})") from None
     merged = merge_reports(parts, [str(p) for p in paths])
     write_report_data(merged, directory)
-    return merged
+    return merged.to_json()

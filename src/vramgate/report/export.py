@@ -45,14 +45,12 @@ The table's ``Map(String, String)`` columns take strings only, so every ``extra_
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vramgate.core.metrics import Metric
-from vramgate.report.data import ReportError
-from vramgate.store.report_files import report_metrics
+from vramgate.store.report_files import HardwareFacts, Report, ReportError, as_report
 
 #: The export formats, by the name ``--gate-export`` and ``vramgate report export --format`` take.
 EXPORT_FORMATS = ("bmf", "pytorch")
@@ -82,28 +80,20 @@ def band(metric: Metric) -> tuple[float, float]:
     return (low, high) if low <= high else (high, low)  # a negative figure's band turns over
 
 
-def _require(cond: bool, source: str, message: str) -> None:
-    if not cond:
-        raise ReportError(f"{source}: {message}")
-
-
-def exported_metrics(data: Any, source: str = "report") -> list[ExportedMetric]:
-    """Every metric of a report's *data* in node id order, untrusted ones left out; :class:`ReportError` naming
-    *source*, the test and the metric for data that is not a report."""
+def exported_metrics(data: Report | Any, source: str = "report") -> list[ExportedMetric]:
+    """Every metric of a report (its records, or its data read into them) in node id order, untrusted ones left
+    out; :class:`ReportError` naming *source*, the test and the metric for data that is not a report."""
     out = []
-    for m in report_metrics(data, source, ReportError):
-        if m.entry.get("verdict") == "untrusted":
+    for m in as_report(data, source).metrics():
+        if m.record.verdict == "untrusted":
             continue
-        base = m.entry.get("baseline")
-        value = base.get("value") if isinstance(base, dict) else None
-        _require(value is None or (isinstance(value, int | float) and not isinstance(value, bool)
-                                   and math.isfinite(value)),
-                 source, f"test {m.nodeid}: metric {m.metric.name!r}: baseline value {value!r}")
-        out.append(ExportedMetric(m.nodeid, m.suite, m.metric, value, str(m.entry.get("verdict", ""))))
+        base = m.record.baseline
+        out.append(ExportedMetric(m.nodeid, m.suite, m.metric, base.value if base else None,
+                                  m.record.verdict or ""))
     return sorted(out, key=lambda e: (e.nodeid, e.metric.name))
 
 
-def to_bmf(data: Any, source: str = "report") -> dict[str, dict[str, dict[str, float]]]:
+def to_bmf(data: Report | Any, source: str = "report") -> dict[str, dict[str, dict[str, float]]]:
     """A report's metrics in Bencher Metric Format (see the module's docstring)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for e in exported_metrics(data, source):
@@ -121,38 +111,37 @@ def _gib(nbytes: Any) -> int:
     return int(nbytes) // 2**30 if isinstance(nbytes, int | float) else 0
 
 
-def runner(hardware: dict[str, Any]) -> dict[str, Any]:
+def runner(hardware: HardwareFacts) -> dict[str, Any]:
     """The ``runners`` entry of the machine a report's ``hardware`` describes."""
-    gpus = [g for g in hardware.get("gpus") or [] if isinstance(g, dict)]
-    names = sorted({str(g.get("name", "")) for g in gpus})
-    extra = {k: str(hardware[k]) for k in ("arch", "isa", "driver", "cuda") if hardware.get(k)}
+    gpus = hardware.gpus
+    names = sorted({g.name or "" for g in gpus})
     return {
-        "name": str(hardware.get("key", "")),
-        "type": str(hardware.get("tier", "")),
-        "cpu_info": str(hardware.get("cpu_model", "")),
-        "cpu_count": int(hardware.get("cpu_count") or 0),
+        "name": hardware.key or "",
+        "type": hardware.tier or "",
+        "cpu_info": hardware.cpu_model,
+        "cpu_count": hardware.cpu_count,
         "mem_info": "",
-        "avail_mem_in_gb": _gib(hardware.get("memory_bytes")),
+        "avail_mem_in_gb": _gib(hardware.memory_bytes),
         "gpu_info": ", ".join(names),
         "gpu_count": len(gpus),
         "gpu_mem_info": "",
-        "avail_gpu_mem_in_gb": sum(_gib(g.get("memory_bytes")) for g in gpus),
-        "extra_info": extra,
+        "avail_gpu_mem_in_gb": sum(_gib(g.memory_bytes) for g in gpus),
+        "extra_info": hardware.extra,
     }
 
 
-def to_pytorch(data: Any, source: str = "report") -> list[dict[str, Any]]:
+def to_pytorch(data: Report | Any, source: str = "report") -> list[dict[str, Any]]:
     """A report's metrics as PyTorch benchmark-database records, one per metric (see the module's docstring)."""
-    metrics = exported_metrics(data, source)
-    hardware = data.get("hardware") if isinstance(data.get("hardware"), dict) else {}
-    software = data.get("software") if isinstance(data.get("software"), dict) else {}
-    dependencies = {
-        name: {"repo": repo, "branch": "", "sha": "", "version": str(software[name]), "extra_info": {}}
-        for name, repo in DEPENDENCY_REPOS.items() if software.get(name)
+    report = as_report(data, source)
+    metrics = exported_metrics(report, source)
+    dependencies: dict[str, dict[str, Any]] = {
+        name: {"repo": repo, "branch": "", "sha": "", "version": version, "extra_info": {}}
+        for name, repo in DEPENDENCY_REPOS.items() if (version := report.version(name))
     }
-    if software.get("vllm_distribution") and "vllm" in dependencies:
-        dependencies["vllm"]["extra_info"] = {"distribution": str(software["vllm_distribution"])}
-    runners = [runner(hardware)]
+    distribution = report.version("vllm_distribution")
+    if distribution and "vllm" in dependencies:
+        dependencies["vllm"]["extra_info"] = {"distribution": distribution}
+    runners = [runner(report.hardware)]
     records = []
     for e in metrics:
         m = e.metric
@@ -177,7 +166,7 @@ def to_pytorch(data: Any, source: str = "report") -> list[dict[str, Any]]:
     return records
 
 
-def export_text(data: Any, fmt: str, source: str = "report") -> str:
+def export_text(data: Report | Any, fmt: str, source: str = "report") -> str:
     """A report's metrics in the export format *fmt* (one of :data:`EXPORT_FORMATS`) as JSON text."""
     if fmt == "bmf":
         exported: Any = to_bmf(data, source)

@@ -15,6 +15,7 @@ A history is a list of series, one per metric, as ``vramgate history`` writes it
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,9 @@ from typing import Any
 from vramgate.core.metrics import format_value, unit_of
 from vramgate.core.records import read_json
 from vramgate.report.chart import Bar, by_suite, changed_bars, is_changed, metric_kinds, short_label
-from vramgate.report.data import ReportError
-from vramgate.report.markdown import data_rows
 from vramgate.report.svg import PALETTE, Line, bar_chart, line_chart, slope_chart
-from vramgate.report.table import HEAD, Row, cells, sorted_rows
+from vramgate.report.table import HEAD, cells, sorted_rows
+from vramgate.store.report_files import Claim, Report, ReportError, Row, as_report
 
 #: The most bars of one suite's chart of changes, and the most lines of one suite's history chart.
 HTML_BARS = 40
@@ -56,6 +56,29 @@ pre { background: #f6f8fa; padding: 10px; overflow-x: auto; font-size: 12px; bor
 code { font-size: 12px; } .mismatch { color: #9a6700; font-weight: 600; }
 .columns { display: flex; gap: 64px; flex-wrap: wrap; } summary { cursor: pointer; }
 """
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    """One value of a history's series: the commit and date it was accepted (or measured) at, and where from."""
+
+    commit: str
+    date: str
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric's history, as ``vramgate history`` writes it (see the module)."""
+
+    suite: str
+    test: str
+    metric: str
+    unit: str
+    points: tuple[SeriesPoint, ...]
+    hardware_key: str | None = None
+    """The key it is stored under; None: taken as this run's."""
 
 
 def _series_error(where: str, what: str) -> ReportError:
@@ -94,6 +117,14 @@ def check_history(series: Any, source: str = "history") -> list[dict[str, Any]]:
     return series
 
 
+def history_series(series: Any, source: str = "history") -> list[Series]:
+    """A history's JSON data (:func:`check_history`) as its records."""
+    return [Series(s["suite"], s["test"], s["metric"], s["unit"],
+                   tuple(SeriesPoint(p["commit"], p["date"], p["value"], p["source"]) for p in s["points"]),
+                   s.get("hardware_key"))
+            for s in check_history(series, source)]
+
+
 def load_history(path: Path) -> list[dict[str, Any]]:
     """The series of a history file (:func:`check_history`): a list of series, or what ``vramgate history
     --json`` prints (an object whose ``series`` is that list); :class:`ReportError` naming the file."""
@@ -103,10 +134,10 @@ def load_history(path: Path) -> list[dict[str, Any]]:
     return check_history(data, str(path))
 
 
-def _status(data: dict[str, Any], rows: list[Row]) -> tuple[str, str]:
+def _status(report: Report, rows: list[Row]) -> tuple[str, str]:
     if any(r.failed for r in rows):
         return "regression", "fail"
-    if (data.get("moved_baselines") or {}).get("metrics"):
+    if report.moved:
         return "pass, with moved baselines", "warn"
     return "pass", "pass"
 
@@ -116,39 +147,37 @@ def _facts(pairs: list[tuple[str, str]]) -> str:
     return f'<dl class="facts">{body}</dl>'
 
 
-def _header(data: dict[str, Any], rows: list[Row], bars: list[Bar]) -> list[str]:
-    hw, sw = data["hardware"], data.get("software") or {}
-    status, css = _status(data, rows)
-    gpus = ", ".join(f"{g.get('name', '?')} ({g.get('memory_bytes', 0) / 2**30:.0f} GiB)"
-                     for g in hw.get("gpus") or [])
-    memory = f"{hw['memory_bytes'] / 2**30:.1f} GiB" if hw.get("memory_bytes") else ""
+def _header(report: Report, rows: list[Row], bars: list[Bar]) -> list[str]:
+    hw = report.hardware
+    status, css = _status(report, rows)
+    gpus = ", ".join(f"{g.name or '?'} ({g.memory_bytes / 2**30:.0f} GiB)" for g in hw.gpus)
+    memory = f"{hw.memory_bytes / 2**30:.1f} GiB" if hw.memory_bytes else ""
     failing = sum(1 for r in rows if r.failed)
     out = [f'<h1>vramgate report <span class="status {css}">{escape(status)}</span></h1>',
-           f'<p class="note">{len(data["tests"])} test(s), {len(rows)} metric(s): {failing} failing, '
+           f'<p class="note">{len(report.tests)} test(s), {len(rows)} metric(s): {failing} failing, '
            f"{len(bars)} changed or failing with a change to draw</p>",
            '<div class="columns"><div>', "<h3>Hardware</h3>",
-           _facts([("key", str(hw.get("key", "?"))), ("tier", str(hw.get("tier", "?"))),
-                   ("device", str(hw.get("device") or "")), ("CPU", str(hw.get("cpu_model") or "")),
-                   ("CPU cores", str(hw.get("cpu_count") or "")), ("memory", memory), ("GPUs", gpus),
-                   ("CUDA", str(hw.get("cuda") or "")), ("driver", str(hw.get("driver") or ""))]),
+           _facts([("key", str(hw.key or "?")), ("tier", str(hw.tier or "?")),
+                   ("device", hw.device), ("CPU", hw.cpu_model),
+                   ("CPU cores", str(hw.cpu_count or "")), ("memory", memory), ("GPUs", gpus),
+                   ("CUDA", hw.fact("cuda")), ("driver", hw.fact("driver"))]),
            "</div><div>", "<h3>Software</h3>",
-           _facts([(k, str(v)) for k, v in sorted(sw.items())]), "</div></div>"]
+           _facts([(k, str(v)) for k, v in sorted(report.software.items())]), "</div></div>"]
     out += [f'<p class="mismatch">Version mismatch with baseline: {escape(m)}</p>'
-            for m in data.get("version_mismatches") or []]
-    moved = (data.get("moved_baselines") or {}).get("metrics") or []
-    if moved:
-        out.append(f'<p class="mismatch">{len(moved)} baseline metric(s) moved against '
-                   f'<code>{escape(str(data["moved_baselines"]["ref"]))}</code>: review them before merging.</p>')
+            for m in report.version_mismatches]
+    if report.moved_baselines and report.moved:
+        out.append(f'<p class="mismatch">{len(report.moved)} baseline metric(s) moved against '
+                   f'<code>{escape(str(report.moved_baselines.ref))}</code>: review them before merging.</p>')
     return out
 
 
-def _claims(data: dict[str, Any]) -> list[str]:
-    claims = data.get("claims") or []
+def _claims(report: Report) -> list[str]:
+    claims = report.claims
     if not claims:
         return []
-    held = [c for c in claims if c["held"]]
-    unjudged = [c for c in claims if not c.get("judged", True)]
-    not_held = [c for c in claims if not c["held"] and c not in unjudged]
+    held = [c for c in claims if c.held]
+    unjudged = [c for c in claims if not c.judged]
+    not_held = [c for c in claims if not c.held and c not in unjudged]
     opened = " open" if len(claims) <= OPEN_CLAIMS else ""
     also = f", {len(unjudged)} not judged" if unjudged else ""
     return ['<h2 id="claims">Claims</h2>',
@@ -156,33 +185,36 @@ def _claims(data: dict[str, Any]) -> list[str]:
             *_claim_table(not_held + held + unjudged), "</details>"]
 
 
-def _claim_table(claims: list[dict[str, Any]]) -> list[str]:
+#: How a claim's verdict reads on the page.
+CLAIM_MARKS = {"not judged": '<span class="note">not judged</span>', "held": '<span class="held">held</span>',
+               "not held": '<span class="not-held">not held</span>'}
+
+
+def _claim_table(claims: list[Claim]) -> list[str]:
     out = ["<table><tr><th>verdict</th><th>claim</th><th>evidence</th><th>test</th></tr>"]
-    for c in sorted(claims, key=lambda c: (not c.get("judged", True), c["held"], c["test"], c["statement"])):
-        verdict = ('<span class="note">not judged</span>' if not c.get("judged", True) else
-                   '<span class="held">held</span>' if c["held"] else '<span class="not-held">not held</span>')
-        source = f'<br><span class="note">{escape(c["source"])}</span>' if c.get("source") else ""
-        test = c["test"].split("::", 1)[-1]
-        out.append(f"<tr><td>{verdict}</td><td>{escape(c['statement'])}{source}</td><td>{escape(c['evidence'])}"
-                   f"</td><td><code title=\"{escape(c['test'])}\">{escape(test)}</code></td></tr>")
+    for c in sorted(claims, key=lambda c: (not c.judged, c.held, c.test, c.statement)):
+        source = f'<br><span class="note">{escape(c.source)}</span>' if c.source else ""
+        test = c.test.split("::", 1)[-1]
+        out.append(f"<tr><td>{CLAIM_MARKS[c.verdict]}</td><td>{escape(c.statement)}{source}</td>"
+                   f"<td>{escape(c.evidence)}</td><td><code title=\"{escape(c.test)}\">{escape(test)}</code></td></tr>")
     return [*out, "</table>"]
 
 
-def _failing(data: dict[str, Any]) -> list[str]:
-    failed = [t for t in data["tests"] if t["failed"]]
+def _failing(report: Report) -> list[str]:
+    failed = [t for t in report.tests if t.failed]
     if not failed:
         return []
     out = ["<h2 id=\"failing\">Failing</h2>"]
     for t in failed:
-        out += [f"<details open><summary><code>{escape(t['nodeid'])}</code></summary>",
-                f"<pre>{escape(t.get('message') or '')}</pre>"]
-        for m in t["metrics"]:  # a memory slope's samples and fit (Note [leak fit] in vramgate.core.leak)
-            fit = m["now"].get("fit")
-            if fit and (fit.get("samples") or fit.get("levels")):
-                out.append(slope_chart(fit, title=f"{m['name']}: memory against {fit.get('per', 'request')}s "
-                                                  f"completed", ceiling=m["now"].get("ceiling")))
-                if m.get("decided_by"):
-                    out.append(f'<p class="note">{escape(m["decided_by"])}</p>')
+        out += [f"<details open><summary><code>{escape(t.nodeid)}</code></summary>",
+                f"<pre>{escape(t.message or '')}</pre>"]
+        for m in t.metrics:  # a memory slope's samples and fit (Note [leak fit] in vramgate.core.leak)
+            fit = m.now.fit
+            if fit and (fit.samples or fit.levels):
+                out.append(slope_chart(fit, title=f"{m.name}: memory against {fit.per}s completed",
+                                       ceiling=m.now.ceiling))
+                if m.decided_by:
+                    out.append(f'<p class="note">{escape(m.decided_by)}</p>')
         out.append("</details>")
     return out
 
@@ -202,32 +234,32 @@ def _relative(values: list[float]) -> list[float] | None:
     return None if base is None else [(v - base) / abs(base) * 100 for v in values]
 
 
-def history_chart(suite: str, series: list[dict[str, Any]], limit: int = HISTORY_LINES) -> str | None:
+def history_chart(suite: str, series: list[Series], limit: int = HISTORY_LINES) -> str | None:
     """The SVG line chart of one suite's history: each series as its change since its first point (%), the
     ones that moved most first (at most *limit* lines; a note counts the others); None when no series moved."""
-    points = sorted({(p["date"], p["commit"]) for s in series for p in s["points"]})
+    points = sorted({(p.date, p.commit) for s in series for p in s.points})
     if not points:
         return None
     where = {key: i for i, key in enumerate(points)}
-    drawn: list[tuple[float, dict[str, Any], list[float | None]]] = []
+    drawn: list[tuple[float, Series, list[float | None]]] = []
     for s in series:
-        ordered = sorted(s["points"], key=lambda p: (p["date"], p["commit"]))
-        relative = _relative([float(p["value"]) for p in ordered])
+        ordered = sorted(s.points, key=lambda p: (p.date, p.commit))
+        relative = _relative([float(p.value) for p in ordered])
         if relative is None:
             continue
         values: list[float | None] = [None] * len(points)
         for p, r in zip(ordered, relative, strict=True):
-            values[where[(p["date"], p["commit"])]] = r
+            values[where[(p.date, p.commit)]] = r
         drawn.append((max(abs(r) for r in relative), s, values))
     if not drawn or all(d[0] == 0 for d in drawn):
         return None
-    drawn.sort(key=lambda d: (-d[0], d[1]["test"], d[1]["metric"]))
+    drawn.sort(key=lambda d: (-d[0], d[1].test, d[1].metric))
     lines = []
     for n, (_, s, values) in enumerate(drawn[:limit]):
-        ordered = sorted(s["points"], key=lambda p: (p["date"], p["commit"]))
-        first, last = ordered[0]["value"], ordered[-1]["value"]
-        name = (f"{short_label(s['test'].split('::', 1)[-1] + ' · ' + s['metric'], 64)}: "
-                f"{format_value(first, s['unit'])} → {format_value(last, s['unit'])}")
+        ordered = sorted(s.points, key=lambda p: (p.date, p.commit))
+        first, last = ordered[0].value, ordered[-1].value
+        name = (f"{short_label(s.test.split('::', 1)[-1] + ' · ' + s.metric, 64)}: "
+                f"{format_value(first, s.unit)} → {format_value(last, s.unit)}")
         lines.append(Line(name=name, values=values, color=PALETTE[n % len(PALETTE)]))
     dates = [date for date, commit in points if commit != RUN_POINT] or [points[0][0]]
     span = f"{dates[0][:10]} to {dates[-1][:10]}" + (", then this run" if points[-1][1] == RUN_POINT else "")
@@ -243,7 +275,7 @@ def _row_class(row: Row, kind: str) -> str:
         return "failing"
     if not is_changed(row, kind):
         return ""
-    return "improved" if row.verdict.split(",")[0] == "improved" else "changed"
+    return "improved" if row.verdict == "improved" else "changed"
 
 
 def _table(rows: list[Row], kinds: dict[tuple[str, str], str]) -> list[str]:
@@ -260,43 +292,43 @@ def _table(rows: list[Row], kinds: dict[tuple[str, str], str]) -> list[str]:
 RUN_POINT, RUN_DATE = "run", "9999-12-31T23:59:59Z"
 
 
-def with_this_run(series: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+def with_this_run(series: Series, report: Report) -> Series:
     """*series* with this run's value of its metric as a last point (labelled ``run``): the accepted values, then
     where the run stands. Unchanged when the run did not record the metric."""
-    for test in data["tests"]:
-        if test["nodeid"] != series["test"]:
-            continue
-        for metric in test.get("metrics", []):
-            now = metric.get("now") or {}
-            if metric.get("name") == series["metric"] and now.get("value") is not None:
-                point = {"commit": RUN_POINT, "date": RUN_DATE, "value": now["value"], "source": "report"}
-                return {**series, "points": [*series["points"], point]}
+    for m in report.metrics():
+        if m.nodeid == series.test and m.metric.name == series.metric:
+            return replace(series, points=(*series.points, SeriesPoint(RUN_POINT, RUN_DATE, m.metric.value, "report")))
     return series
 
 
-def html_page(data: dict[str, Any], history: list[dict[str, Any]] | None = None) -> str:
-    """The HTML page of report data (``report.json``), with the history charts of *history* (see the module): the
-    series of this run's hardware key and tier (a series without ``hardware_key`` is taken as it is)."""
-    rows = data_rows(data)
-    bars = changed_bars(data)
+def html_page(data: Report | dict[str, Any], history: list[Series] | list[dict[str, Any]] | None = None) -> str:
+    """The HTML page of a report (its records, or its data read into them), with the history charts of *history*
+    (see the module): the series of this run's hardware key and tier (a series without ``hardware_key`` is taken
+    as it is)."""
+    report = as_report(data)
+    rows = report.rows()
+    bars = changed_bars(report)
     charts = by_suite(bars)
-    kinds = metric_kinds(data)
-    series_of: dict[str, list[dict[str, Any]]] = {}
+    kinds = metric_kinds(report)
+    series_of: dict[str, list[Series]] = {}
     # Only this run's own keys: its hardware key (machine-bound series) and its tier (portable ones); another
     # machine's history is not this run's.
-    keys = {str(data["hardware"].get("key")), str(data["hardware"].get("tier"))}
-    for s in history or []:
-        if s.get("hardware_key") in (None, *keys):
-            series_of.setdefault(s["suite"], []).append(with_this_run(s, data))
-    suites = sorted({t["suite"] for t in data["tests"]} | set(series_of))
+    keys = {str(report.hardware.key), str(report.hardware.tier)}
+    records = [s for s in history or [] if isinstance(s, Series)]
+    if history and len(records) < len(history):
+        records = history_series(history)
+    for s in records:
+        if s.hardware_key in (None, *keys):
+            series_of.setdefault(s.suite, []).append(with_this_run(s, report))
+    suites = sorted({t.suite for t in report.tests} | set(series_of))
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>vramgate report: {escape(str(data['hardware'].get('key', '?')))}</title>",
+           f"<title>vramgate report: {escape(str(report.hardware.key or '?'))}</title>",
            f"<style>{CSS}</style></head><body>"]
-    out += _header(data, rows, bars)
+    out += _header(report, rows, bars)
     out.append("<nav>" + " ".join(f'<a href="#suite-{escape(s)}">{escape(s)}</a>' for s in suites) + "</nav>")
-    out += _claims(data)
-    out += _failing(data)
+    out += _claims(report)
+    out += _failing(report)
     for suite in suites:
         suite_rows = [r for r in rows if r.suite == suite]
         failing = sum(1 for r in suite_rows if r.failed)

@@ -16,6 +16,7 @@ from typing import Any
 
 from vramgate.report.chart import STATE_COLORS, Bar, by_suite, changed_bars, failing_without_change
 from vramgate.report.svg import axis_ticks
+from vramgate.store.report_files import Report, as_report
 
 #: The most bars one suite's chart draws (failing first, then the largest changes; the others are counted).
 MERMAID_BARS = 12
@@ -89,20 +90,21 @@ def xychart(suite: str, bars: list[Bar]) -> str:
     return "\n".join(lines)
 
 
-def mermaid_section(data: dict[str, Any], limit: int = MERMAID_BARS) -> list[str]:
-    """The markdown lines of the changes of report data: per suite with a changed or failing metric, its chart
+def mermaid_section(data: Report | dict[str, Any], limit: int = MERMAID_BARS) -> list[str]:
+    """The markdown lines of the changes of a report: per suite with a changed or failing metric, its chart
     (at most *limit* bars, the others counted); or one line saying that nothing changed."""
+    report = as_report(data)
     out: list[str] = []
-    suites = by_suite(changed_bars(data))
+    suites = by_suite(changed_bars(report))
     for suite, bars in suites.items():
         shown = bars[:limit]
         out += ["```mermaid", xychart(suite, shown), "```", ""]
         if len(bars) > len(shown):
             out += [f"{len(bars) - len(shown)} more changed metric(s) of `{suite}` not drawn (smaller changes; the "
                     "table below lists them).", ""]
-    blank = failing_without_change(data)
+    blank = failing_without_change(report)
     if blank:
-        names = ", ".join(f"`{r.test.split('::', 1)[-1]}` {r.metric} ({r.verdict})" for r in blank[:5])
+        names = ", ".join(f"`{r.test.split('::', 1)[-1]}` {r.metric} ({r.verdict_text})" for r in blank[:5])
         more = f" and {len(blank) - 5} more" if len(blank) > 5 else ""
         out += [f"{len(blank)} failing metric(s) have no change to draw: {names}{more}.", ""]
     if not suites and not blank:

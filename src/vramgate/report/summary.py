@@ -15,6 +15,7 @@ from vramgate.core.checks import Finding
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
 from vramgate.store.moves import Move
+from vramgate.store.report_files import AffectedFacts, MovedBaselines
 
 #: Verdicts from the most to the least severe: the order of rows and of the tally.
 VERDICT_ORDER = ("regressed", "untrusted", "incompatible", "missing", "outside budget", "improved", "updated", "new",
@@ -23,10 +24,10 @@ VERDICT_ORDER = ("regressed", "untrusted", "incompatible", "missing", "outside b
 ACCEPTABLE = ("regressed", "missing", "incompatible")
 
 
-def verdict_rank(verdict: str) -> int:
-    """The place of *verdict* in :data:`VERDICT_ORDER` (``"regressed, outside budget"`` ranks as ``regressed``);
-    a verdict not listed ranks last."""
-    head = verdict.split(",")[0]
+def verdict_rank(verdict: str, outside_budget: bool = False) -> int:
+    """The place of *verdict* in :data:`VERDICT_ORDER` (``ok`` outside its budget ranks as ``outside budget``, any
+    other verdict as itself); a verdict not listed ranks last."""
+    head = "outside budget" if outside_budget and verdict == "ok" else verdict
     return VERDICT_ORDER.index(head) if head in VERDICT_ORDER else len(VERDICT_ORDER)
 
 
@@ -130,7 +131,7 @@ class Summary:
                 seen.setdefault(line, None)
         return list(seen)
 
-    def moved_json(self) -> dict[str, Any] | None:
+    def moved(self) -> MovedBaselines | None:
         """The baselines this change moves, with this run's figure of each where it ran; None without a ref."""
         if self.moves is None:
             return None
@@ -143,18 +144,17 @@ class Summary:
             if f is not None and move.new is not None:
                 matches = kind_rule(f.metric.kind).confirms(f.metric.value, move.new.value,
                                                            judged_acceptable=f.verdict not in ACCEPTABLE)
-            out.append(move.to_json(f.metric if f else None, matches))
-        return {"ref": self.baselines_ref, "metrics": out}
+            out.append(move.record(f.metric if f else None, matches))
+        return MovedBaselines(self.baselines_ref, out)
 
 
-def affected_line(affected: dict[str, Any] | None) -> str | None:
+def affected_line(affected: AffectedFacts | None) -> str | None:
     """The line every summary carries under ``--gate-affected``: what it left out (or why it ran everything), and
     against which base; None without the option."""
-    if not affected:
+    if not affected or not affected.data:
         return None
-    base = str(affected.get("base") or "?")[:12]
-    if affected.get("everything"):
-        return f"ran every test: {affected['everything']} (against {affected.get('ref')}, base {base})"
-    left = len(affected.get("left_out") or [])
-    return (f"left out: {left} test(s) whose inputs this change does not touch (base {base}); ran "
-            f"{affected.get('kept', 0)}; pushes to main and the nightly run take them all")
+    base = affected.base[:12]
+    if affected.everything:
+        return f"ran every test: {affected.everything} (against {affected.ref}, base {base})"
+    return (f"left out: {len(affected.left_out)} test(s) whose inputs this change does not touch (base {base}); ran "
+            f"{affected.kept}; pushes to main and the nightly run take them all")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from html import escape
-from typing import Any
+
+from vramgate.core.leak import LeakFit
 
 #: Line colours, in the order lines take them.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -147,13 +148,13 @@ def line_chart(x_labels: list[str], lines: list[Line], *, title: str, unit: str 
     return "\n".join(parts)
 
 
-def slope_chart(fit: dict[str, Any], *, title: str, ceiling: float | None = None, width: int = 900,
+def slope_chart(fit: LeakFit, *, title: str, ceiling: float | None = None, width: int = 900,
                 height: int = 320) -> str:
-    """A memory slope's picture (*fit*: :meth:`vramgate.core.leak.LeakFit.to_json`): memory (MiB) against completed
+    """A memory slope's picture (*fit*: a :class:`~vramgate.core.leak.LeakFit`): memory (MiB) against completed
     requests (tokens), the warm-up's samples in grey, the measured part's in blue, its levels in orange, the
     fitted line in black and, with *ceiling* (bytes per 1,000), the allowance's slope through the levels' centre,
     dashed red."""
-    samples, warmup, levels = fit.get("samples") or [], fit.get("warmup") or [], fit.get("levels") or []
+    samples, warmup, levels = fit.samples, fit.warmup, fit.levels
     points = [*warmup, *samples, *levels]
     if not points:
         raise ValueError(f"slope_chart: {title!r} has no sample to draw")
@@ -177,14 +178,14 @@ def slope_chart(fit: dict[str, Any], *, title: str, ceiling: float | None = None
         parts.append(_text(left - 6, y(t * mib) + 4, f"{tick_text(t)} MiB", anchor="end", size=11, color="#57606a"))
     for t in xt:
         parts.append(_text(x(t), top + plot_h + 18, tick_text(t), anchor="middle", size=11, color="#57606a"))
-    per = str(fit.get("per", "request"))
+    per = fit.per
     parts.append(_text(left + plot_w / 2, top + plot_h + 36, f"{per}s completed", anchor="middle", size=12))
     for group, color, r in ((warmup, "#8c959f", 1.6), (samples, PALETTE[0], 1.6)):
         parts += [f'<circle cx="{x(px):.1f}" cy="{y(py):.1f}" r="{r}" fill="{color}" fill-opacity="0.6"/>'
                   for px, py in group]
     if levels:
         lx0, lx1 = levels[0][0], levels[-1][0]
-        slope, intercept = float(fit["slope"]), float(fit["intercept"])
+        slope, intercept = fit.slope, fit.intercept
         parts.append(f'<line x1="{x(lx0):.1f}" y1="{y(intercept + slope * lx0):.1f}" x2="{x(lx1):.1f}" '
                      f'y2="{y(intercept + slope * lx1):.1f}" stroke="#24292f" stroke-width="2"/>')
         if ceiling is not None:

@@ -4,32 +4,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
 
 from vramgate.core.checks import Finding
 from vramgate.core.metrics import format_change, format_value
 from vramgate.machine.hardware import Fingerprint, GPUInfo
 from vramgate.report.summary import NodeSummary, pytest_command, verdict_rank
-
-
-@dataclass(frozen=True)
-class Row:
-    """One line of the metric table."""
-
-    test: str
-    suite: str
-    metric: str
-    baseline: str
-    now: str
-    change: str
-    limit: str
-    verdict: str
-    change_value: float | None
-    failed: bool
-    scope: str = ""
-    key: str = ""
-    """The baseline key the metric was looked up under (a tier's for portable metrics, else the hardware's)."""
+from vramgate.store.report_files import MovedBaselines, MovedMetric, Row
 
 
 def _limit(finding: Finding) -> str:
@@ -53,9 +33,6 @@ def rows_of(nodes: list[NodeSummary]) -> list[Row]:
     for node in nodes:
         for checked in node.metrics:
             f = checked.finding
-            verdict: str = "outside budget" if f.budget and f.verdict == "ok" else f.verdict
-            if f.budget and f.verdict != "ok":
-                verdict = f"{f.verdict}, outside budget"
             rows.append(
                 Row(
                     test=node.nodeid,
@@ -65,11 +42,12 @@ def rows_of(nodes: list[NodeSummary]) -> list[Row]:
                     now=f.metric.show(),
                     change=format_change(f.change) if f.change is not None else "-",
                     limit=_limit(f),
-                    verdict=verdict,
+                    verdict=f.verdict,
                     change_value=f.change,
                     failed=f.failed,
                     scope=f.metric.effective_scope,
                     key=checked.key,
+                    outside_budget=bool(f.budget),
                 )
             )
     return rows
@@ -81,7 +59,7 @@ HEAD = ("test", "metric", "baseline", "now", "change", "limit", "verdict")
 def cells(row: Row, short: bool = True) -> tuple[str, ...]:
     """The cells of *row* under :data:`HEAD` (*short*: the test without its file)."""
     test = row.test.split("::", 1)[-1] if short else row.test
-    return (test, row.metric, row.baseline, row.now, row.change, row.limit, row.verdict)
+    return (test, row.metric, row.baseline, row.now, row.change, row.limit, row.verdict_text)
 
 
 def aligned(head: tuple[str, ...], cells: list[tuple[str, ...]], rule: bool = True) -> list[str]:
@@ -101,32 +79,32 @@ def text_table(rows: list[Row]) -> str:
 
 def sorted_rows(rows: list[Row]) -> list[Row]:
     """Failing rows first, then by the severity of the verdict, the test and the metric."""
-    return sorted(rows, key=lambda r: (not r.failed, verdict_rank(r.verdict), r.test, r.metric))
+    return sorted(rows, key=lambda r: (not r.failed, verdict_rank(r.verdict, r.outside_budget), r.test, r.metric))
 
 
-def moved_cells(m: dict[str, Any]) -> tuple[str, ...]:
-    """The cells of one moved baseline metric (an entry of ``report.json``'s ``moved_baselines``)."""
-    def show(v: Any) -> str:
-        return "(none)" if v is None else format_value(v, m["unit"], precise=True)
+def moved_cells(m: MovedMetric) -> tuple[str, ...]:
+    """The cells of one moved baseline metric."""
+    def show(v: float | None) -> str:
+        return "(none)" if v is None else format_value(v, m.unit, precise=True)
 
-    if m["now"] is None:
+    if m.now is None:
         run = "not run here"
     else:
-        run = f"{show(m['now'])}, " + ("matches the new" if m["matches_new"] else "differs from the new")
-    return (m["file"], m["test"].split("::", 1)[-1], m["metric"], show(m["old"]), show(m["new"]), m["change"], run)
+        run = f"{show(m.now)}, " + ("matches the new" if m.matches_new else "differs from the new")
+    return (m.file, m.test.split("::", 1)[-1], m.metric, show(m.old), show(m.new), m.change, run)
 
 
-def moved_lines(moved: dict[str, Any] | None) -> list[str]:
+def moved_lines(moved: MovedBaselines | None) -> list[str]:
     """The terminal lines of the baselines a change moves; none when none moved.
 
     Note in :mod:`vramgate.store.moves`.
     """
-    if not moved or not moved["metrics"]:
+    if not moved or not moved.metrics:
         return []
-    metrics = moved["metrics"]
-    files = {m["file"] for m in metrics}
+    metrics = moved.metrics
+    files = {m.file for m in metrics}
     head = ("file", "test", "metric", "at ref", "now stored", "change", "this run")
-    lines = [f"!! BASELINES THIS CHANGE MOVES (against {moved['ref']}): {len(metrics)} metric(s) in "
+    lines = [f"!! BASELINES THIS CHANGE MOVES (against {moved.ref}): {len(metrics)} metric(s) in "
              f"{len(files)} file(s); review each before merging"]
     return lines + ["  " + line for line in aligned(head, [moved_cells(m) for m in metrics], rule=False)]
 
@@ -134,12 +112,12 @@ def moved_lines(moved: dict[str, Any] | None) -> list[str]:
 def coverage_lines(rows: list[Row], accept_args: list[str], tier: str, key: str) -> list[str]:
     """What was compared where: portable metrics under the tier, machine-bound ones under the hardware key, and
     one prominent line for the metrics of keys that have no baselines at all, with the command that records them."""
-    compared = [r for r in rows if r.verdict.split(",")[0] not in ("no baselines", "not compared", "missing", "new")]
+    compared = [r for r in rows if r.verdict not in ("no baselines", "not compared", "missing", "new")]
     by_scope = Counter(r.scope for r in compared)
     parts = [f"{by_scope.get('portable', 0)} portable metric(s) compared under tier {tier}",
              f"{by_scope.get('machine', 0)} machine-bound under hardware {key}"]
     out = ["; ".join(parts)]
-    absent = [r for r in rows if r.verdict.split(",")[0] == "no baselines"]
+    absent = [r for r in rows if r.verdict == "no baselines"]
     if absent:
         tests = sorted({r.test for r in absent})
         where = ", ".join(sorted({r.key for r in absent}))

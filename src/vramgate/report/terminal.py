@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from vramgate.core.checks import TOO_NOISY, paired_noise
 from vramgate.core.metrics import format_change, format_value
+from vramgate.core.paired import TOO_NOISY, paired_rule
 from vramgate.report.summary import (
     ACCEPTABLE,
     Hardware,
@@ -17,6 +17,7 @@ from vramgate.report.summary import (
     verdict_rank,
 )
 from vramgate.report.table import coverage_lines, moved_lines, rows_of, sorted_rows, text_table
+from vramgate.store.report_files import AffectedFacts
 
 
 def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str]) -> str:
@@ -32,9 +33,9 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
             heads.append(f"{f.metric.name} {format_change(f.change or 0.0)} vs baseline")
         elif f.verdict in ("missing", "incompatible"):
             heads.append(f"{f.metric.name} {f.verdict} baseline")
-        elif f.verdict == "untrusted" and f.detail.startswith(TOO_NOISY):
+        elif f.untrusted == "too noisy":
             heads.append(f"{f.metric.name} untrusted: {TOO_NOISY}")
-        elif f.verdict == "untrusted":
+        elif f.untrusted is not None:
             heads.append(f"{f.metric.name} measured on a GPU in an untrustworthy state")
     lines = [
         f"vramgate: {'; '.join(heads)} "
@@ -52,10 +53,10 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                    f"--gate-require-hardware is set and {c.key} has no baselines: record them")
             lines.append(f"- {m.name}: now {m.show(precise=True)}; no baseline in {c.file or '?'} "
                          f"({m.effective_scope} metric; {why})")
-        elif f.verdict == "untrusted" and f.detail.startswith(TOO_NOISY):
+        elif f.untrusted == "too noisy":
             lines.append(f"- {m.name}: now {m.show(precise=True)}, not judged, neither a red nor a green it could "
                          f"back, and never a baseline: {f.detail} (rerun where the machine is quieter)")
-        elif f.verdict == "untrusted":
+        elif f.untrusted is not None:
             lines.append(f"- {m.name}: now {m.show(precise=True)}, not compared: {f.detail} "
                          f"(rerun on an idle GPU at full clocks)")
         elif f.verdict in ("regressed", "incompatible") and f.baseline is not None:
@@ -67,10 +68,9 @@ def failure_message(node: NodeSummary, hardware: Hardware, accept_args: list[str
                 f"- {m.name}: now {m.show(precise=True)}, baseline {m.show(f.baseline.value, precise=True)}: "
                 f"{change}, {f.verdict} ({f.detail})"
             )
-        if m.paired is not None:  # Note [second look] in vramgate.engine.looks: what each look found
-            lines += [f"    {line}" for line in m.paired.looks]
-            if not any("noise:" in line for line in m.paired.looks):
-                lines.append(f"    {paired_noise(m.paired)[1]}")
+        rule = paired_rule(m)
+        if rule is not None:  # Note [second look] in vramgate.engine.looks: what each look found
+            lines += [f"    {line}" for line in rule.message_lines()]
     recorded = next((c for c in failed if c.finding.provenance), None)
     if recorded is not None and recorded.finding.provenance is not None:
         lines.append(f"Baseline: {recorded.file or '?'}, {recorded.finding.provenance.describe()}")
@@ -90,11 +90,11 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
     rows = rows_of(summary.nodes)
     counts = Counter(r.verdict for r in rows)
     tr.write_sep("=", "vramgate")
-    for line in moved_lines(summary.moved_json()):
+    for line in moved_lines(summary.moved()):
         tr.write_line(line, red=line.startswith("!!"), bold=line.startswith("!!"))
     hw = summary.hardware
     tr.write_line(f"hardware: {hw.key} ({hw.source}); tier: {hw.tier}; baselines: {summary.baselines_dir}")
-    affected = affected_line(summary.affected)
+    affected = affected_line(AffectedFacts(summary.affected) if summary.affected is not None else None)
     if affected:
         tr.write_line(affected, yellow=True)
     for nodeid, claim in sorted(summary.claims, key=lambda c: (c[0], c[1].statement)):

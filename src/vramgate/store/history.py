@@ -26,7 +26,7 @@ from vramgate.core.records import read_json
 from vramgate.machine.hardware import TIER_KEYS
 from vramgate.machine.software import GitError, git
 from vramgate.store.baselines import BaselineError, parse_baseline
-from vramgate.store.report_files import check_report, report_metrics
+from vramgate.store.report_files import Report, read_report
 
 Source = Literal["baseline", "report"]
 
@@ -190,12 +190,10 @@ def _need(cond: bool, file: Path, where: str, message: str) -> None:
         raise HistoryError(f"{file}: {where}: {message}")
 
 
-def _report(file: Path) -> dict[str, Any]:
-    data = check_report(read_json(file, HistoryError), str(file), HistoryError)
-    _need(isinstance(data.get("hardware"), dict) and isinstance(data["hardware"].get("key"), str),
-          file, "hardware.key", "must be a string")
-    assert isinstance(data, dict)
-    return data
+def _report(file: Path) -> Report:
+    report = read_report(read_json(file, HistoryError), str(file), HistoryError)
+    _need(report.hardware.key is not None, file, "hardware.key", "must be a string")
+    return report
 
 
 def report_points(paths: Iterable[Path | str]) -> History:
@@ -203,21 +201,23 @@ def report_points(paths: Iterable[Path | str]) -> History:
     per metric of each test that passed its own assertions, under the key its scope stores it by."""
     history = History()
     for file in _report_files(paths):
-        data = _report(file)
-        hardware = data["hardware"]
-        tier = hardware.get("tier") or (TIER_KEYS[0] if hardware.get("device") == "cuda" else TIER_KEYS[1])
-        commit = data["commit"] if isinstance(data.get("commit"), str) and data["commit"] else str(file)
+        report = _report(file)
+        hardware = report.hardware
+        tier = hardware.tier or (TIER_KEYS[0] if hardware.device == "cuda" else TIER_KEYS[1])
+        key = str(hardware.key)
+        given = report.extra  # a CI's commit and date beside the gate's own keys
+        commit = given["commit"] if isinstance(given.get("commit"), str) and given["commit"] else str(file)
         try:
-            date = utc_date(data["date"]) if isinstance(data.get("date"), str) else utc_date(
+            date = utc_date(given["date"]) if isinstance(given.get("date"), str) else utc_date(
                 _dt.datetime.fromtimestamp(file.stat().st_mtime, _dt.UTC).isoformat())
         except ValueError as exc:
             raise HistoryError(f"{file}: date: not an ISO 8601 date ({exc})") from None
-        software = {k: v for k, v in (data.get("software") or {}).items() if isinstance(v, str)}
-        for m in report_metrics(data, str(file), HistoryError):
-            if m.test.get("test_passed") is False:
+        software = {k: v for k, v in report.software.items() if isinstance(v, str)}
+        for m in report.metrics():
+            if m.test.test_passed is False:
                 continue  # a test that failed its own assertions is never recorded; its figures are not either
             metric = m.metric
-            where_stored = tier if metric.effective_scope == "portable" else hardware["key"]
+            where_stored = tier if metric.effective_scope == "portable" else key
             point = HistoryPoint(commit, date, metric.value, metric.unit, "report", software, where_stored,
                                  metric.better, metric.kind, str(file))
             _add(history, SeriesKey(m.suite, m.nodeid, metric.name, where_stored), point, collapse=False)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from vramgate.core.metrics import Metric, format_change, relative_change
 from vramgate.machine.software import GitError, git
 from vramgate.store.baselines import BaselineError, BaselineFile, parse_baseline
+from vramgate.store.report_files import MovedMetric
 
 
 class RefError(ValueError):
@@ -41,14 +41,14 @@ class Move:
             return "removed"
         return format_change(relative_change(self.new.value, self.old.value))
 
-    def to_json(self, now: Metric | None, matches: bool | None) -> dict[str, Any]:
-        """This move as JSON data, plus the value measured *now* (None: not measured) and whether it *matches* new."""
+    def record(self, now: Metric | None, matches: bool | None) -> MovedMetric:
+        """This move as a report's record, with the value measured *now* (None: not measured) and whether it
+        *matches* new."""
         either = self.new or self.old
         assert either is not None, "a move has at least one side"
-        return {"file": self.file, "test": self.nodeid, "metric": self.metric,
-                "old": self.old.value if self.old else None, "new": self.new.value if self.new else None,
-                "unit": either.unit, "change": self.change,
-                "now": now.value if now else None, "matches_new": matches}
+        return MovedMetric(self.file, self.nodeid, self.metric, self.old.value if self.old else None,
+                           self.new.value if self.new else None, either.unit, self.change,
+                           now.value if now else None, matches)
 
 
 def _parse(path: Path, text: str) -> BaselineFile | None:

@@ -209,4 +209,5 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     request.node.add_report_section("call", "vramgate paired looks", "\n".join(looks))
     assert len(reference_rounds) == len(candidate_rounds) in {k * settings.rounds for k in range(1, settings.looks + 1)}
     gate.record_paired(name, reference_rounds, candidate_rounds, tolerance=settings.tolerance, alpha=settings.alpha,
-                       history_tolerance=settings.history_tolerance, looks=looks)
+                       history_tolerance=settings.history_tolerance, looks=looks,
+                       noise_in_looks=True)  # every look was judged with gate.paired_checks (also, above)

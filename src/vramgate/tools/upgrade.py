@@ -39,8 +39,21 @@ from vramgate.core.kinds import is_timed
 from vramgate.core.records import read_json
 from vramgate.machine.software import distribution_version
 from vramgate.profiles import load_profiles
+from vramgate.report.compare import ComparedMetric
+from vramgate.report.upgrade_files import (
+    OneSided,
+    PairedLatency,
+    PairedRow,
+    ProfileCheck,
+    ProfileRow,
+    ServingRow,
+    SideRecord,
+    Upgrade,
+)
 from vramgate.runtime import engine_env, process
 from vramgate.runtime.exits import describe_exit
+from vramgate.store import report_files
+from vramgate.store.report_files import Report
 
 #: Where ``vramgate upgrade`` makes the engine environments it is not given, under the project root.
 ENGINES_DIR = Path(".vramgate") / "engines"
@@ -76,11 +89,14 @@ class SideRun:
         """The run's report.json."""
         return self.folder / "report.json"
 
+    def record(self) -> SideRecord:
+        """This run as ``upgrade.json``'s record."""
+        return SideRecord(self.label, self.env, str(self.folder), self.status, round(self.seconds, 1), self.outcomes,
+                          self.failed, self.skipped)
+
     def to_json(self) -> dict[str, Any]:
         """This run as JSON data."""
-        return {"label": self.label, "env": self.env.to_json(), "folder": str(self.folder), "status": self.status,
-                "seconds": round(self.seconds, 1), "outcomes": self.outcomes, "failed": self.failed,
-                "skipped": self.skipped}
+        return self.record().to_json()
 
 
 def engine_folder(root: Path, tier: str, version: str) -> Path:
@@ -189,12 +205,10 @@ def run_side(root: Path, side: SideRun, args: list[str], *, upgrade_from: engine
     return side
 
 
-def read_report(path: Path) -> dict[str, Any]:
-    """A report.json's data; :class:`UpgradeError` naming the file when it cannot be read."""
-    data = read_json(path, UpgradeError)
-    if not isinstance(data, dict):
-        raise UpgradeError(f"{path}: not a vramgate report.json (the top level must be an object)")
-    return data
+def read_report(path: Path) -> Report:
+    """A report.json's records (:func:`vramgate.store.report_files.read_report`); :class:`UpgradeError` naming the
+    file when it cannot be read."""
+    return report_files.read_report(read_json(path, UpgradeError), str(path), UpgradeError)
 
 
 def suite_args(suites: list[str], marks: str | None, keyword: str | None) -> list[str]:
@@ -207,43 +221,40 @@ def suite_args(suites: list[str], marks: str | None, keyword: str | None) -> lis
     return args
 
 
-def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.EngineEnv,
-                   out: Path) -> list[dict[str, Any]]:
+def profile_checks(root: Path, old: engine_env.EngineEnv, new: engine_env.EngineEnv, out: Path) -> list[ProfileRow]:
     """Each profile checked against the two versions' sources (only read); where one does not apply as is, git's
     three-way rebase from the version the profile targets is proposed, written under *out*/profiles/<label>."""
     from vramgate.profiles import check_applicability, target_covers, write_proposal
 
     envs = {"old": old, "new": new}
-    rows: list[dict[str, Any]] = []
+    rows: list[ProfileRow] = []
     for profile in load_profiles(root):
-        row: dict[str, Any] = {"profile": profile.name, "target": profile.version}
+        checks: dict[str, ProfileCheck] = {}
         for label, env in envs.items():
             other = envs["new" if label == "old" else "old"]
             base = other if target_covers(profile, str(other.vllm)) else None
             result = check_applicability(profile, Path(str(env.vllm_package)), str(env.vllm),
                                          base_dir=Path(str(base.vllm_package)) if base else None,
                                          base_version=str(base.vllm) if base else "")
-            check: dict[str, Any] = {"status": result.status, "in_target": result.in_target,
-                                     "notes": result.details()}
+            proposal = None
             if result.proposal is not None:
-                check["proposal_files"] = [str(p.relative_to(out)) for p in
-                                           write_proposal(result, out / "profiles" / f"vllm-{env.vllm}")]
-            row[label] = check
-        rows.append(row)
+                proposal = [str(p.relative_to(out)) for p in
+                            write_proposal(result, out / "profiles" / f"vllm-{env.vllm}")]
+            checks[label] = ProfileCheck(result.status, result.in_target, result.details(), proposal)
+        rows.append(ProfileRow(profile.name, profile.version, checks["old"], checks["new"]))
     return rows
 
 
-def paired_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The paired latency run's ratios (new / old per round) from its report data."""
+def paired_rows(report: Report) -> list[PairedRow]:
+    """The paired latency run's ratios (new / old per round) from its report."""
     rows = []
-    for test in data.get("tests", []):
-        for metric in test.get("metrics", []):
-            now = metric.get("now") or {}
-            samples = [float(v) for v in now.get("samples") or []]
-            rows.append({"test": test.get("nodeid"), "metric": metric.get("name"), "median": now.get("value"),
-                         "low": min(samples) if samples else None, "high": max(samples) if samples else None,
-                         "rounds": len(samples), "tolerance": now.get("tolerance"),
-                         "failed": bool(metric.get("failed")), "message": test.get("message")})
+    for m in report.metrics():
+        now = m.metric
+        samples = [float(v) for v in now.samples]
+        rows.append(PairedRow(test=m.nodeid, metric=now.name, median=now.value,
+                              low=min(samples) if samples else None, high=max(samples) if samples else None,
+                              rounds=len(samples), tolerance=now.effective_tolerance, failed=m.record.failed,
+                              message=m.test.message))
     return rows
 
 
@@ -258,41 +269,39 @@ def headline_suites(root: Path) -> tuple[str, ...]:
         raise UpgradeError(str(exc)) from None
 
 
-def serving_advice(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def serving_advice(old: Report | dict[str, Any], new: Report | dict[str, Any]) -> list[ServingRow]:
     """Per test both reports hold with a KV cache vLLM sized itself (it records ``kv_cache_bytes``,
     ``non_kv_bytes`` and ``requested_bytes``: the serving capacity suite): the memory the new version needs to
     give the KV cache the old one had (the old KV cache plus the new non-KV memory), as a factor on the team's
     ``gpu_memory_utilization`` (or ``cpu_memory``). vLLM 0.32.0 advises so for its CUDA-graph estimate; this is
     for the whole difference."""
-    from vramgate.store.report_files import report_metrics
-
-    def figures(report: dict[str, Any], source: str) -> dict[str, dict[str, float]]:
+    def figures(report: Report) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
-        for m in report_metrics(report, source, UpgradeError):
+        for m in report.metrics():
             out.setdefault(m.nodeid, {})[m.metric.name] = m.metric.value
         return {nodeid: v for nodeid, v in out.items()
                 if {"kv_cache_bytes", "non_kv_bytes", "requested_bytes"} <= set(v)}
 
-    before, after = figures(old, "the old version's report"), figures(new, "the new version's report")
+    before = figures(report_files.read_report(old, "the old version's report", UpgradeError))
+    after = figures(report_files.read_report(new, "the new version's report", UpgradeError))
     rows = []
     for nodeid in sorted(set(before) & set(after)):
         was, now = before[nodeid], after[nodeid]
         need = was["kv_cache_bytes"] + now["non_kv_bytes"]
-        rows.append({"test": nodeid, "old_kv_bytes": was["kv_cache_bytes"], "new_kv_bytes": now["kv_cache_bytes"],
-                     "old_non_kv_bytes": was["non_kv_bytes"], "new_non_kv_bytes": now["non_kv_bytes"],
-                     "requested_bytes": now["requested_bytes"], "needed_bytes": need,
-                     "factor": need / now["requested_bytes"]})
+        rows.append(ServingRow(test=nodeid, old_kv_bytes=was["kv_cache_bytes"], new_kv_bytes=now["kv_cache_bytes"],
+                               old_non_kv_bytes=was["non_kv_bytes"], new_non_kv_bytes=now["non_kv_bytes"],
+                               requested_bytes=now["requested_bytes"], needed_bytes=need,
+                               factor=need / now["requested_bytes"]))
     return rows
 
 
-def one_sided(rows: list[dict[str, Any]], other: SideRun) -> list[dict[str, Any]]:
+def one_sided(rows: list[ComparedMetric], other: SideRun) -> list[OneSided]:
     """The tests whose metrics only one side has (*rows*: the comparison's added or removed rows), each with its
     metric count and why the *other* side has none (its skip reason, a failure, or not collected)."""
     tests: dict[str, int] = {}
     for row in rows:
-        tests[row["nodeid"]] = tests.get(row["nodeid"], 0) + 1
-    return [{"test": test, "metrics": count,
-             "why": other.skipped.get(test) or ("failed" if test in other.failed else "not collected")}
+        tests[row.nodeid] = tests.get(row.nodeid, 0) + 1
+    return [OneSided(test, count, other.skipped.get(test) or ("failed" if test in other.failed else "not collected"))
             for test, count in sorted(tests.items())]
 
 
@@ -321,31 +330,30 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
                    workers=workers)
     old_report, new_report = read_report(old.report), read_report(new.report)
     comparison = compare_reports(old_report, new_report, labels=labels)
-    latency: dict[str, Any] = {}
+    latency = None
     if paired:
         side = run_side(root, SideRun(f"paired {labels[1]} / {labels[0]}", new_env, out / "paired"), [PAIRED_TEST],
                         upgrade_from=old_env, workers=1)
-        latency = {"run": side.to_json(), "rows": paired_rows(read_report(side.report))}
+        latency = PairedLatency(side.record(), paired_rows(read_report(side.report)))
     profiles = profile_checks(root, old_env, new_env, out)
-    data = {
-        "schema": 1, "from": old_version, "to": new_version, "tier": tier,
-        "runs": [old.to_json(), new.to_json()], "comparison": comparison.to_json(),
-        "comparison_markdown": comparison.markdown(one_sided=False, level=4), "paired": latency,
-        "profiles": profiles, "headline": [r.to_json() for r in comparison.rows if r.suite in headline],
-        "serving": serving_advice(old_report, new_report),
-        "only_new": one_sided([r.to_json() for r in comparison.added], old),
-        "only_old": one_sided([r.to_json() for r in comparison.removed], new),
+    record = Upgrade(
+        from_version=old_version, to_version=new_version, tier=tier,
         # Note [upgrade timings]: measured metrics (timings) of the two separate runs are shown, not gating.
-        "regressions": (sum(not is_timed(r.kind) for r in comparison.regressions)
-                        + sum(r["failed"] for r in latency.get("rows", []))),
-        "unpaired_timings": [r.to_json() for r in comparison.regressions if is_timed(r.kind)],
-        "seconds": round(time.monotonic() - start, 1),
-    }
+        regressions=(sum(not is_timed(r.kind) for r in comparison.regressions)
+                     + sum(r.failed for r in (latency.rows if latency else []))),
+        runs=[old.record(), new.record()], comparison=comparison.to_json(),
+        comparison_markdown=comparison.markdown(one_sided=False, level=4), paired=latency, profiles=profiles,
+        headline=[r for r in comparison.rows if r.suite in headline], serving=serving_advice(old_report, new_report),
+        only_new=one_sided(comparison.added, old), only_old=one_sided(comparison.removed, new),
+        unpaired_timings=[r for r in comparison.regressions if is_timed(r.kind)],
+        seconds=round(time.monotonic() - start, 1),
+    )
     from vramgate.report.upgrade import upgrade_markdown
     from vramgate.store.files import atomic_write_text
 
+    data = record.to_json()
     atomic_write_text(out / "upgrade.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(out / "upgrade.md", upgrade_markdown(data))
+    atomic_write_text(out / "upgrade.md", upgrade_markdown(record))
     return data
 
 

@@ -77,13 +77,12 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run_html(args: argparse.Namespace) -> int:
     """Write the run's HTML page; 0 (2 for bad input, from the caller)."""
-    from vramgate.report import ReportError, html_page, load_history, load_report
+    from vramgate.report import ReportError, html_page, load_history, load_report, read_report
     from vramgate.store.files import atomic_write_text
-    from vramgate.store.report_files import check_report
 
     source = Path(args.report)
     report_file = source / "report.json" if source.is_dir() else source
-    data = check_report(load_report(source), str(report_file), ReportError)
+    data = read_report(load_report(source), str(report_file), ReportError)
     history = load_history(Path(args.history)) if args.history else None
     out = Path(args.out) if args.out else report_file.parent / "report.html"
     atomic_write_text(out, html_page(data, history))
