@@ -47,6 +47,39 @@ def test_a_rich_report_reads_into_records_and_back_to_the_same_json() -> None:
     assert (rows["weights"].verdict, rows["weights"].outside_budget) == ("ok", True)
 
 
+def test_a_report_of_schema_1_reads_as_the_current_one_with_its_untrusted_reasons() -> None:
+    """report.json of schema 1 kept why a verdict is untrusted only in the text of ``decided_by``; it migrates to
+    schema 2 (the reason a field of each metric) and reads as the same records as the report written now."""
+    import json
+    from pathlib import Path
+
+    from report_samples import summary
+    from vramgate.report.data import report_data
+    from vramgate.store.report_files import ReportError, read_report
+
+    old = json.loads((Path(__file__).parent / "data" / "report-schema-1.json").read_text(encoding="utf-8"))
+    assert old["schema"] == 1
+    assert all("untrusted" not in m for t in old["tests"] for m in t["metrics"])
+    now = read_report(report_data(summary()), "now", ReportError)
+    migrated = read_report(old, "report-schema-1.json", ReportError)
+    assert migrated == now
+    assert {m.metric.name: m.record.untrusted for m in migrated.metrics() if m.record.untrusted} == {
+        "step_ratio": "too noisy", "tpot": "gpu state"}
+
+
+def test_an_untrusted_reason_that_does_not_fit_its_verdict_is_refused() -> None:
+    from report_samples import summary
+    from vramgate.report.data import report_data
+    from vramgate.store.report_files import ReportError, read_report
+
+    for reason, verdict in (("too noisy", "ok"), (None, "untrusted"), ("bad luck", "untrusted")):
+        data = report_data(summary())
+        metric = data["tests"][0]["metrics"][0]
+        metric["untrusted"], metric["verdict"] = reason, verdict
+        with pytest.raises(ReportError, match=f"untrusted {reason!r} with the verdict {verdict!r}"):
+            read_report(data, "report.json", ReportError)
+
+
 def test_a_row_whose_verdict_is_not_its_metrics_is_refused() -> None:
     from report_samples import summary
     from vramgate.report.data import report_data

@@ -25,12 +25,30 @@ from vramgate.core.paired import TOO_NOISY
 from vramgate.core.records import RecordFormat
 from vramgate.store.baselines import BaselineError, parse_metric
 
+
+def _untrusted_reasons(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: each metric says why an ``untrusted`` verdict was not judged (``untrusted``: ``too noisy``
+    or ``gpu state``; None for every other verdict). Schema 1 kept the reason only in the text of ``decided_by``,
+    read here once for the files written before."""
+    tests = []
+    for test in data.get("tests") or []:
+        if isinstance(test, dict) and isinstance(test.get("metrics"), list):
+            test = {**test, "metrics": [
+                {**m, "untrusted": ("too noisy" if str(m.get("decided_by") or "").startswith(TOO_NOISY)
+                                    else "gpu state") if m.get("verdict") == "untrusted" else None}
+                if isinstance(m, dict) else m for m in test["metrics"]]}
+        tests.append(test)
+    return {**data, "tests": tests} if "tests" in data else data
+
+
 #: ``report.json``'s format (Note [versioned records] in :mod:`vramgate.core.records`): what the report layer
-#: writes and every reader loads through :func:`check_report`. Schema 1, no earlier one.
-REPORT_FORMAT = RecordFormat("report.json", current=1)
+#: writes and every reader loads through :func:`check_report`. Schema 2: each metric's ``untrusted`` reason.
+REPORT_FORMAT = RecordFormat("report.json", current=2, migrations={1: _untrusted_reasons})
 
 #: The verdicts a report's metric may hold.
 VERDICTS: frozenset[str] = frozenset(get_args(Verdict))
+#: Why a report's ``untrusted`` verdict was not judged.
+UNTRUSTED: frozenset[str] = frozenset(get_args(Untrusted))
 
 Error = Callable[[str], Exception]
 
@@ -106,7 +124,7 @@ class MetricRecord:
         return {"name": self.name, "verdict": self.verdict, "failed": self.failed, "now": self.now.to_json(),
                 "baseline": self.baseline.to_json() if self.baseline else None,
                 "baseline_recorded": self.baseline_recorded, "change": change, "budget": self.budget,
-                "decided_by": self.decided_by}
+                "decided_by": self.decided_by, "untrusted": self.untrusted}
 
 
 @dataclass(frozen=True)
@@ -431,10 +449,9 @@ class _Reader:
         self.require(change is None or (isinstance(change, int | float) and not isinstance(change, bool)),
                      f"{where}: metric {name!r}: change {change!r}")
         decided = str(entry.get("decided_by") or "")
-        # The stored format holds why a verdict is untrusted only in how it was decided: read here, once.
-        untrusted: Untrusted | None = None
-        if verdict == "untrusted":
-            untrusted = "too noisy" if decided.startswith(TOO_NOISY) else "gpu state"
+        untrusted = entry.get("untrusted")
+        self.require(untrusted in UNTRUSTED if verdict == "untrusted" else untrusted is None,
+                     f"{where}: metric {name!r}: untrusted {untrusted!r} with the verdict {verdict!r}")
         return MetricRecord(name, now, verdict, bool(entry.get("failed", False)), baseline,
                             entry.get("baseline_recorded"), change, entry.get("budget"), decided, untrusted)
 
