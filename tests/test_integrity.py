@@ -255,3 +255,39 @@ def test_xdist_gives_the_serial_report(pytester: pytest.Pytester, monkeypatch: p
     assert reports["xdist"] == reports["serial"]
     assert written["xdist"] == written["serial"]  # the workers' baselines merged into one file
     assert len(reports["serial"]["tests"]) == 6 and len(reports["serial"]["claims"]) == 6
+
+
+NOISY = """
+import random
+
+def test_noisy(gate):
+    rng = random.Random(1)
+    ref = [0.01 * rng.lognormvariate(0, 0.6) for _ in range(12)]
+    cand = [0.01 * rng.lognormvariate(0, 0.6) for _ in range(12)]
+    gate.record_paired("step_ratio", ref, cand, tolerance=0.05, alpha=0.05)
+
+def test_quiet(gate):
+    gate.record("page_bytes", 1024, unit="B")
+"""
+
+
+def test_xdist_carries_why_a_verdict_is_untrusted(pytester: pytest.Pytester) -> None:
+    """A worker's untrusted finding reaches the controller with its reason, and a paired metric with its two sides
+    and its looks: the report it writes reads back (the reason a field of each metric) and says the same as a
+    serial run's, the failure message (with the noise guard's line) included."""
+    pytest.importorskip("xdist")
+    from vramgate.store.report_files import ReportError, read_report
+
+    pytester.makepyfile(test_noisy=NOISY)
+    reports = {}
+    for mode, extra in (("serial", []), ("xdist", ["-n", "2"])):
+        shutil.rmtree(pytester.path / "baselines", ignore_errors=True)  # both from nothing stored
+        result = pytester.runpytest_subprocess(*extra, "--gate-missing", "record", "--gate-report", f"rep-{mode}")
+        result.assert_outcomes(passed=1, failed=1)
+        result.stdout.fnmatch_lines(["*too noisy to judge*"])
+        data = json.loads((pytester.path / f"rep-{mode}" / "report.json").read_text())
+        report = read_report(data, f"rep-{mode}", ReportError)
+        reasons = {m.metric.name: m.record.untrusted for m in report.metrics()}
+        assert reasons == {"step_ratio": "too noisy", "page_bytes": None}, mode
+        reports[mode] = normalized_report(pytester.path / f"rep-{mode}" / "report.json")
+    assert reports["xdist"] == reports["serial"]

@@ -178,6 +178,35 @@ def test_budget_fails_even_when_updating(pytester: pytest.Pytester) -> None:
     assert not baseline_file(pytester, "budget").exists()  # a failing test never becomes a baseline
 
 
+def test_the_summary_shows_an_ok_figure_outside_its_budget_without_v(pytester: pytest.Pytester) -> None:
+    """A figure its baseline calls ok but that breaks its ceiling fails its test: the summary lists its row without
+    ``-v``, counts it as ``outside budget`` and offers no ratchet for an improved one outside its budget."""
+    pytester.makepyfile(test_budget="""
+        import os
+
+        def test_peak(gate):
+            gate.record("peak", int(os.environ.get("PEAK", 3 * 2**30)), unit="B", ceiling=4 * 2**30)
+
+        def test_speed(gate):
+            gate.record("blocks", int(os.environ.get("BLOCKS", 100)), unit="blocks", better="higher",
+                        floor=int(os.environ.get("FLOOR", 0)))
+        """)
+    pytester.runpytest(*HW, "--gate-update").assert_outcomes(passed=2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PEAK", str(3 * 2**30))
+        mp.setenv("FLOOR", "150")  # 120 blocks: better than the baseline, below the new floor
+        mp.setenv("BLOCKS", "120")
+        (pytester.path / "test_budget.py").write_text((pytester.path / "test_budget.py").read_text().replace(
+            "ceiling=4 * 2**30", "ceiling=2 * 2**30"))
+        result = pytester.runpytest(*HW)
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "2 metric(s) in 2 test(s): 1 outside budget, 1 improved, outside budget" in out
+    table = out[out.index("== vramgate =="):]
+    assert "peak" in table and "outside budget" in table  # listed without -v
+    assert "beat their baseline" not in out  # an improved figure outside its budget is no ratchet
+
+
 def test_failing_test_is_not_recorded(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_fail="""

@@ -8,23 +8,36 @@ it goes down and writes the one summary and the one report, the same as a serial
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
 from vramgate.core.checks import Finding
 from vramgate.core.claims import ClaimVerdict
-from vramgate.core.metrics import Metric
+from vramgate.core.metrics import Metric, Paired
 from vramgate.core.provenance import Provenance
 from vramgate.store.baselines import parse_metric
 
 
 def _metric(m: Metric) -> dict[str, Any]:
-    return {"name": m.name, **m.to_json()}
+    """A metric as a worker hands it over: what a baseline stores, and a paired measurement's two sides and looks
+    (which a baseline does not keep, and the controller's failure messages and report show)."""
+    paired = None if m.paired is None else {**dataclasses.asdict(m.paired), "looks": list(m.paired.looks),
+                                            "reference": list(m.paired.reference),
+                                            "candidate": list(m.paired.candidate)}
+    return {"name": m.name, **m.to_json(), **({"paired": paired} if paired is not None else {})}
 
 
 def _unmetric(data: dict[str, Any]) -> Metric:
-    return parse_metric(Path("<worker>"), data["name"], data["name"], {k: v for k, v in data.items() if k != "name"})
+    stored = {k: v for k, v in data.items() if k not in ("name", "paired")}
+    metric = parse_metric(Path("<worker>"), data["name"], data["name"], stored)
+    paired = data.get("paired")
+    if paired is None:
+        return metric
+    return dataclasses.replace(metric, paired=Paired(
+        tuple(paired["reference"]), tuple(paired["candidate"]), paired["tolerance"], paired["alpha"],
+        tuple(paired["looks"]), paired["noise_in_looks"]))
 
 
 def _number(v: float | None) -> Any:
@@ -40,7 +53,7 @@ def finding_json(f: Finding) -> dict[str, Any]:
     return {"metric": _metric(f.metric), "verdict": f.verdict,
             "baseline": _metric(f.baseline) if f.baseline is not None else None,
             "provenance": f.provenance.to_json() if f.provenance else None, "change": _number(f.change),
-            "budget": f.budget, "detail": f.detail}
+            "budget": f.budget, "detail": f.detail, "untrusted": f.untrusted}
 
 
 def finding_from(data: dict[str, Any]) -> Finding:
@@ -49,7 +62,7 @@ def finding_from(data: dict[str, Any]) -> Finding:
     return Finding(_unmetric(data["metric"]), data["verdict"],
                    _unmetric(data["baseline"]) if data["baseline"] else None,
                    Provenance.from_json(prov) if prov else None,
-                   _unnumber(data["change"]), data["budget"], data["detail"])
+                   _unnumber(data["change"]), data["budget"], data["detail"], data.get("untrusted"))
 
 
 def results_json(results: list[Any], claims: list[tuple[str, ClaimVerdict]], written: list[Path],

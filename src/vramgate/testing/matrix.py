@@ -39,7 +39,6 @@ from vramgate.matrix import (
     Matrix,
     MatrixError,
     collection_problem,
-    default_matrix_path,
     gpu_count_problem,
     missing_trace,
     parse_matrix,
@@ -47,7 +46,7 @@ from vramgate.matrix import (
 )
 from vramgate.pytest_plugin.affected import TestInput
 from vramgate.pytest_plugin.fixture import Gate
-from vramgate.store.changes import ChangeSet
+from vramgate.store.changes import DEFAULT_MATRIX, ChangeSet
 
 __all__ = [
     "ARGUMENTS",
@@ -268,9 +267,12 @@ def entry_inputs(item: pytest.Item) -> list[TestInput]:
     matrix = session_matrix(item.config)
     root = item.config.rootpath
     default = matrix.source == DEFAULT_SOURCE
-    path = default_matrix_path() if default else Path(matrix.source)
-    if path is None:
-        return []
+    if default:  # the built-in default: an input of the project only where the project is vramgate's source
+        if not (root / DEFAULT_MATRIX).is_file():
+            return []  # an installed vramgate's default: no change to the project can touch it
+        path = root / DEFAULT_MATRIX
+    else:
+        path = Path(matrix.source)
     try:
         rel = (path if path.is_absolute() else root / path).resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
