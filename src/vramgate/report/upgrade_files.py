@@ -8,6 +8,7 @@ dataclasses; :meth:`Upgrade.to_json` writes them back as the same data.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,8 +60,7 @@ class PairedRow:
 
     def to_json(self) -> dict[str, Any]:
         """This row as ``upgrade.json`` holds it."""
-        return {"test": self.test, "metric": self.metric, "median": self.median, "low": self.low, "high": self.high,
-                "rounds": self.rounds, "tolerance": self.tolerance, "failed": self.failed, "message": self.message}
+        return dataclasses.asdict(self)  # its fields, as they are
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class OneSided:
 
     def to_json(self) -> dict[str, Any]:
         """This test as ``upgrade.json`` holds it."""
-        return {"test": self.test, "metrics": self.metrics, "why": self.why}
+        return dataclasses.asdict(self)  # its fields, as they are
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ fields, never as text (:func:`~vramgate.core.checks.verdict_text` makes the text
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -192,8 +193,7 @@ class MovedMetric:
 
     def to_json(self) -> dict[str, Any]:
         """This move as ``report.json`` holds it."""
-        return {"file": self.file, "test": self.test, "metric": self.metric, "old": self.old, "new": self.new,
-                "unit": self.unit, "change": self.change, "now": self.now, "matches_new": self.matches_new}
+        return dataclasses.asdict(self)  # its fields, as they are
 
 
 @dataclass(frozen=True)
