@@ -103,7 +103,7 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
         tr.write_line(f"    {claim.evidence}  [{nodeid}]")
     for line in summary.mismatch_lines():
         tr.write_line(f"!! VERSION MISMATCH with baseline: {line}", red=True, bold=True)
-    shown = rows if verbose else [r for r in rows if r.verdict != "ok" or r.outside_budget]
+    shown = rows if verbose else [r for r in rows if r.verdict_text != "ok"]
     if shown:
         tr.write_line(text_table(sorted_rows(shown)))
     tally = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: verdict_rank(kv[0])))
@@ -111,7 +111,7 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
                   + ("" if shown is rows else " (-v shows every row)"))
     for line in coverage_lines(rows, summary.accept_args, hw.tier, hw.key):
         tr.write_line(line, yellow=line.startswith("!!"), bold=line.startswith("!!"))
-    improved = sorted({r.test for r in rows if r.verdict == "improved" and not r.outside_budget})
+    improved = sorted({r.test for r in rows if r.verdict_text == "improved"})
     if improved and not summary.update:
         tr.write_line(
             f"{len(improved)} test(s) beat their baseline; ratchet it (review, then commit) with: "
