@@ -81,14 +81,11 @@ def confirmed_rounds(take: Callable[[int], tuple[list[float], list[float]]], set
 
 @dataclass(frozen=True)
 class Decided(Generic[L]):
-    """What :meth:`LookRule.decide` found: the looks taken, the samples that are the verdict, and whether the
-    verdict fails (as the rule judged it on the way; the end of a gate test judges the verdict's samples again)."""
+    """What :meth:`LookRule.decide` found: the samples that are the verdict, and whether the verdict fails (as the
+    rule judged it on the way; the end of a gate test judges the verdict's samples again)."""
 
-    taken: tuple[L, ...]
     verdict: L
     failed: bool
-    pooled: bool
-    """Whether :attr:`verdict` is the pooled samples of the looks taken (else one look's own)."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +137,7 @@ class LookRule:
         tripped = judge(LOOK_NAMES[0], taken[0], True)
         recording = records is not None and records(taken[0])
         if not tripped and not recording:
-            return Decided(tuple(taken), taken[0], False, False)
+            return Decided(taken[0], False)
         if recording and say is not None:
             say(f"recording a baseline: {'two more looks' if tripped and self.looks == 3 else 'a second look'} "
                 "(fresh engines) taken, and the pooled rounds of the looks are the verdict and the baseline "
@@ -152,9 +149,9 @@ class LookRule:
         if self.looks == 2 and tripped and not recording and not worse:  # the second clears the first
             if say is not None:
                 say("the verdict: the second look (fresh engines) passed; its rounds are the verdict")
-            return Decided(tuple(taken), taken[1], False, False)
+            return Decided(taken[1], False)
         pooled = pool(taken)
-        return Decided(tuple(taken), pooled, judge(POOLED, pooled, False), True)
+        return Decided(pooled, judge(POOLED, pooled, False))
 
 
 #: The name :meth:`LookRule.decide` judges the pooled samples under.
