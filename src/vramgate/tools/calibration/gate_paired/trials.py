@@ -24,14 +24,13 @@ def floor_sums(series: Sequence[Sequence[float]], group: int = FLOOR_GROUP) -> l
     sum over the positions of the shortest duration at each; a position some series lack counts with those that
     have it. ``ValueError`` when the series do not split into groups of *group* or one is empty.
 
-    Note [step floor]: an engine runs the same steps in the same order every round (64 in every round of 134
-    trials: the offline scheduler does not depend on time), and a step's duration is its work plus what the
-    machine took from it meanwhile: on a 2-core CPU single steps ran 2-4x their usual time now and then. The step
-    floor of 5 rounds is the workload's engine time with the least taken. On the same 104 trials beside the other
-    xdist worker its look saw a planted +10% with 1.2-1.3x the signal to noise of each round's median step, on
-    every CPU profile, but a look gives 6 pairs instead of 30, and with the gate's rules (signed-rank test, noise
-    guard, second look) it caught no more and alarmed no less (docs/calibration.md): no tier gates it, and a
-    campaign takes it with ``run --stat step_floor``."""
+    Note [step floor]: an engine runs the same steps in the same order every round (the offline scheduler does
+    not depend on time), and a step's duration is its work plus what the machine took from it meanwhile: on a
+    2-core CPU single steps run several times their usual time now and then. The step floor of 5 rounds is the
+    workload's engine time with the least taken. Its look is sharper than each round's median step, but gives
+    fewer pairs, and with the gate's rules it caught no more and alarmed no less: no tier gates it, and a campaign
+    takes it with ``run --stat step_floor``. The measurements: docs/calibration.md and
+    calibration/cpu-x86_64-avx512-bf16-amd-epyc-gate-runs-step-floor.md."""
     if group < 1 or len(series) % group:
         raise ValueError(f"{len(series)} series do not split into groups of {group}")
     if not all(series):
