@@ -42,6 +42,10 @@ if __name__ == "__mp_main__":
     from vramgate.machine import isa as _isa
 
     _isa.apply_cap()
+    # Note [CPU rotary layout] in vramgate.engine.cpu_rope: the engine core's worker runs the model here.
+    from vramgate.engine import cpu_rope as _cpu_rope
+
+    _cpu_rope.install()
 
 #: Engine arguments the server command line does not take as they are (the server loads a tokenizer; a name
 #: for the model is given on its own).
@@ -114,6 +118,9 @@ def main(argv: list[str]) -> int:
     from vramgate.machine import isa
 
     isa.apply_cap()  # Note [ISA cap]: before vLLM picks its kernel library
+    from vramgate.engine import cpu_rope
+
+    cpu_rope.install()  # Note [CPU rotary layout]
     model_dir = write_model_folder(Path(data["config"]), Path(data["model_dir"]))
     kwargs = engine_kwargs(spec, model_dir, cuda_context=False)
     server_argv = serve_argv(kwargs, model_dir, host=data["host"], port=int(data["port"]),

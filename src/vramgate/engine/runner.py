@@ -26,6 +26,7 @@ from vramgate.core.answers import Outputs
 from vramgate.core.records import record_fields
 from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.memory_decision import MemoryDecision
+from vramgate.engine.vllm_plugin import ROPE_LAYOUT_ENV
 from vramgate.engine.spec import (
     ENGINE_RESULT_FORMAT,
     KV_TOO_SMALL,
@@ -177,6 +178,8 @@ def engine_process_env(
         # torch.cuda.is_available() through NVML, creating no CUDA state that would make vLLM spawn its ranks
         # (Note [no CUDA before the ranks] in vramgate.engine.worker); vLLM sets it too, when it is imported.
         "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+        # Note [CPU rotary layout] in vramgate.engine.cpu_rope: in every process of vLLM's, through the plugin
+        ROPE_LAYOUT_ENV: "1",
     })
     # Note [KV budget] in vramgate.engine.worker: the budget goes in as kv_cache_memory_bytes.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)

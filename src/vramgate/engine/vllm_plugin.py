@@ -27,6 +27,9 @@ import os
 #: Set to ``1`` in an engine's process (and so in the ranks vLLM starts from it) to have the plugin install the
 #: memory hooks (Note [hooks in every rank]).
 MEMORY_HOOKS_ENV = "VRAMGATE_MEMORY_HOOKS"
+#: Set to ``1`` in an engine's process to have the plugin give vLLM's CPU rotary kernel the layout it reads (Note
+#: [CPU rotary layout] in :mod:`vramgate.engine.cpu_rope`) in every process of vLLM's, the ranks it spawns included.
+ROPE_LAYOUT_ENV = "VRAMGATE_CPU_ROPE_LAYOUT"
 
 
 def hooks_requested() -> bool:
@@ -36,7 +39,12 @@ def hooks_requested() -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: install the memory hooks where the engine asked for them
-    (Note [hooks in every rank]); nothing elsewhere."""
+    (Note [hooks in every rank]) and the CPU rotary kernel's layout (Note [CPU rotary layout] in
+    :mod:`vramgate.engine.cpu_rope`); nothing elsewhere."""
+    if os.environ.get(ROPE_LAYOUT_ENV) == "1":
+        from vramgate.engine.cpu_rope import install as give_rope_layout
+
+        give_rope_layout()
     if not hooks_requested():
         return
     from vramgate.engine.memory_decision import install_hooks

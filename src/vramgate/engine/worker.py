@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.answers import TOP_K
+from vramgate.engine import cpu_rope
 from vramgate.engine.arguments import engine_kwargs
 from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.measure import (
@@ -346,6 +347,7 @@ def main(argv: list[str]) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # Note [in-process engine]
     isa.apply_cap()  # Note [ISA cap]: before vLLM picks its kernel library
     try:
+        cpu_rope.install()  # Note [CPU rotary layout]: before the model runs (the ranks vLLM forks inherit it)
         if serving:
             serve(spec, Path(data["root"]), out_path)
         else:
