@@ -13,7 +13,7 @@ from vramgate.models import recall
 from vramgate.models.recall_weights import ARCHS, CODE_DIMS, position_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {"llama": ROOT / "fixtures/models/recall-llama", "deepseek-v2": ROOT / "fixtures/models/recall-deepseek-v2"}
+MODELS = {arch: ROOT / "fixtures/models" / f"recall-{arch}" for arch in ("llama", "llama-gqa", "deepseek-v2")}
 
 
 def test_a_prompt_is_bos_content_sep_repeated_and_its_answer_continues_it() -> None:
@@ -79,3 +79,18 @@ def test_the_llama_keeps_enough_still_rotary_dimensions_for_its_codes() -> None:
     pairs = position_pairs(arch)
     assert 2 * (arch.head_dim // 2 - pairs) >= CODE_DIMS + 1
     assert position_pairs(ARCHS["deepseek-v2"]) == ARCHS["deepseek-v2"].qk_rope // 2
+
+
+def test_the_gqa_llama_keeps_the_llamas_kv_bytes_and_puts_its_circuit_where_a_wrong_head_mapping_breaks_it() -> None:
+    plain, gqa = ARCHS["llama"], ARCHS["llama-gqa"]
+    assert gqa.heads == 2 * gqa.kv_heads and (gqa.kv_heads, gqa.head_dim, gqa.layers) == (
+        plain.kv_heads, plain.head_dim, plain.layers)
+    group = gqa.heads // gqa.kv_heads
+    used_kv = set()
+    for layer in range(gqa.layers):
+        q_head, kv_head = gqa.circuit_heads(layer)
+        assert q_head // group == kv_head  # vLLM's (and the reference's) pairing of query and KV heads
+        assert q_head % gqa.kv_heads != kv_head  # another pairing reads another KV head: the answers change
+        used_kv.add(kv_head)
+    assert used_kv == set(range(gqa.kv_heads))
+    assert [plain.circuit_heads(layer) for layer in range(plain.layers)] == [(0, 0), (0, 0)]

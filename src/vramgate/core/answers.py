@@ -112,6 +112,15 @@ class Outputs:
         right = sum(r.token_ids == r.expected for r in judged)
         return (right / len(judged) if judged else 0.0), len(judged)
 
+    def min_margin(self) -> float | None:
+        """The smallest lead, in logits, of the generated token's logprob over the runner-up's, over every
+        position of the requests whose answer is determined (a logprob difference is a logit difference); None
+        where no position has two logprobs recorded. How far the engine's numbers are from changing an answer."""
+        leads = [top[0] - top[1]
+                 for r in self.requests if r.expected is not None
+                 for top in (sorted(pos.values(), reverse=True) for pos in r.logprobs) if len(top) > 1]
+        return min(leads) if leads else None
+
     def to_json(self) -> dict[str, Any]:
         """The outputs as JSON data (what :meth:`from_json` reads)."""
         return {"requests": [r.to_json() for r in self.requests], "top_k": self.top_k,

@@ -1,6 +1,6 @@
 """The recall models' weights: a tiny Llama and a tiny DeepSeek-V2 (MLA) whose answers mean something.
 
-``python -m vramgate.models.recall_weights OUT_DIR --arch llama|deepseek-v2`` makes one (seeded, on CPU, torch
+``python -m vramgate.models.recall_weights OUT_DIR --arch llama|llama-gqa|deepseek-v2`` makes one (seeded, on CPU, torch
 only, seconds) and writes what vLLM loads (``config.json``; ``model.safetensors`` in bf16 with vLLM's and Hugging
 Face's weight names) and ``recall.json`` (:class:`~vramgate.models.recall.RecallModel`: the command, the seed, the
 weights' SHA-256, the accuracy and the smallest answer margin they were made with). The task: Note [recall task]
@@ -96,6 +96,23 @@ class Arch:
     v_head: int = 64
     eps: float = 1e-6
 
+    @property
+    def family(self) -> str:
+        """The architecture vLLM runs: ``llama`` (with or without grouped-query attention) or ``deepseek-v2``."""
+        return "llama" if self.name.startswith("llama") else self.name
+
+    def circuit_heads(self, layer: int) -> tuple[int, int]:
+        """The query head and the KV head that carry *layer*'s part of the circuit (Note [recall weights]): head 0
+        of each where every query head has its own KV head; with grouped-query attention, a query head that is
+        not the first of its group and a different KV head per layer (layer 0: query head 1 over KV head 0,
+        layer 1: query head ``group`` over KV head 1), so that a kernel or patch that pairs query heads with the
+        wrong KV heads (``i % kv_heads`` for ``i // group``) changes the answers."""
+        if self.kv_heads == self.heads:
+            return 0, 0
+        group = self.heads // self.kv_heads
+        kv_head = layer % self.kv_heads
+        return kv_head * group + (1 if layer % 2 == 0 else 0), kv_head
+
     def config(self) -> dict[str, Any]:
         """vLLM's (and Hugging Face's) ``config.json`` for this shape."""
         common = {"bos_token_id": recall.BOS, "eos_token_id": recall.EOS, "hidden_act": "silu",
@@ -103,7 +120,7 @@ class Arch:
                   "max_position_embeddings": 4096, "num_attention_heads": self.heads,
                   "num_hidden_layers": self.layers, "rms_norm_eps": self.eps, "rope_theta": self.rope_theta,
                   "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": recall.VOCAB}
-        if self.name == "llama":
+        if self.family == "llama":
             return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "head_dim": self.head_dim,
                     "num_key_value_heads": self.kv_heads, **common}
         return {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
@@ -116,19 +133,21 @@ class Arch:
 
 
 #: The Llama's rotary base leaves 24 of its 32 frequency pairs still over 4,096 positions (the code dimensions).
-ARCHS = {"llama": Arch("llama", rope_theta=1e20), "deepseek-v2": Arch("deepseek-v2", rope_theta=10000.0)}
+#: ``llama-gqa``: 4 query heads over 2 KV heads (grouped-query attention), the KV bytes per token of ``llama``.
+ARCHS = {"llama": Arch("llama", rope_theta=1e20), "llama-gqa": Arch("llama-gqa", rope_theta=1e20, heads=4),
+         "deepseek-v2": Arch("deepseek-v2", rope_theta=10000.0)}
 
 
 def frequencies(arch: Arch) -> list[float]:
     """The rotary frequencies of a head (one per dimension pair), as vLLM computes them."""
-    dim = arch.head_dim if arch.name == "llama" else arch.qk_rope
+    dim = arch.head_dim if arch.family == "llama" else arch.qk_rope
     return [arch.rope_theta ** (-(2 * i) / dim) for i in range(dim // 2)]
 
 
 def position_pairs(arch: Arch) -> int:
     """How many of the fastest rotary pairs the previous-token head uses (the others turn less than 0.15 rad over
     :data:`MAX_OFFSET` positions: in the Llama they carry the codes)."""
-    if arch.name != "llama":
+    if arch.family != "llama":
         return arch.qk_rope // 2
     return sum(1 for f in frequencies(arch) if f * MAX_OFFSET > 0.15)
 
@@ -209,7 +228,7 @@ def weights(arch: Arch, seed: int) -> dict[str, Any]:
     pairs = position_pairs(arch)
     thetas = frequencies(arch)[:pairs]
     w, gap = offset_weights(thetas)
-    scale = (arch.head_dim if arch.name == "llama" else arch.qk_nope + arch.qk_rope) ** -0.5
+    scale = (arch.head_dim if arch.family == "llama" else arch.qk_nope + arch.qk_rope) ** -0.5
     kappa = math.sqrt(POSITION_GAP / (scale * gap))
     match = math.sqrt(MATCH_SCORE / scale)
     bos = code[recall.BOS]
@@ -223,12 +242,13 @@ def weights(arch: Arch, seed: int) -> dict[str, Any]:
         sd[pre + "mlp.gate_proj.weight"] = gate
         sd[pre + "mlp.up_proj.weight"] = torch.randn(arch.intermediate, h, generator=gen) * 0.02
         sd[pre + "mlp.down_proj.weight"] = down
-        o = torch.zeros(h, arch.heads * (hd if arch.name == "llama" else arch.v_head))
+        o = torch.zeros(h, arch.heads * (hd if arch.family == "llama" else arch.v_head))
         target = P if layer == 0 else A
+        column = arch.circuit_heads(layer)[0] * (hd if arch.family == "llama" else arch.v_head)
         for c in range(CODE_DIMS):
-            o[target.start + c, c] = 1.0
+            o[target.start + c, column + c] = 1.0
         sd[pre + "self_attn.o_proj.weight"] = o
-        if arch.name == "llama":
+        if arch.family == "llama":
             sd.update(_llama_attention(arch, pre, layer, thetas, w, kappa, match, n0, n1, bos))
         else:
             sd.update(_mla_attention(arch, pre, layer, thetas, w, kappa, match, n0, n1, bos))
@@ -242,7 +262,7 @@ def weights(arch: Arch, seed: int) -> dict[str, Any]:
 
 def _code_dims(arch: Arch) -> list[int]:
     """The head dimensions that carry codes: the Llama's slowest rotary pairs, MLA's non-rotary dimensions."""
-    if arch.name != "llama":
+    if arch.family != "llama":
         return list(range(CODE_DIMS + 1))
     pairs = position_pairs(arch)
     half = arch.head_dim // 2
@@ -257,9 +277,12 @@ def _llama_attention(arch: Arch, pre: str, layer: int, thetas: list[float], w: l
     import torch
 
     h, hd, half = arch.hidden, arch.head_dim, arch.head_dim // 2
-    q = torch.zeros(arch.heads * hd, h)
-    k = torch.zeros(arch.kv_heads * hd, h)
-    v = torch.zeros(arch.kv_heads * hd, h)
+    q_all = torch.zeros(arch.heads * hd, h)
+    k_all = torch.zeros(arch.kv_heads * hd, h)
+    v_all = torch.zeros(arch.kv_heads * hd, h)
+    q_head, kv_head = arch.circuit_heads(layer)
+    q = q_all[q_head * hd:(q_head + 1) * hd]  # views: the circuit's rows of its heads
+    k, v = k_all[kv_head * hd:(kv_head + 1) * hd], v_all[kv_head * hd:(kv_head + 1) * hd]
     dims = _code_dims(arch)
     if layer == 0:  # previous token: NeoX pairs (f, f + half), query = w e^{-i theta}, key = 1
         for f, (theta, wf) in enumerate(zip(thetas, w, strict=True)):
@@ -276,8 +299,8 @@ def _llama_attention(arch: Arch, pre: str, layer: int, thetas: list[float], w: l
             v[c, E.start + c] = 1.0 / n1
         q[dims[CODE_DIMS], CONST] = match / n1  # every query against BOS's flag: -MATCH_SCORE
         k[dims[CODE_DIMS], FLAG] = -match / n1
-    return {pre + "self_attn.q_proj.weight": q, pre + "self_attn.k_proj.weight": k,
-            pre + "self_attn.v_proj.weight": v}
+    return {pre + "self_attn.q_proj.weight": q_all, pre + "self_attn.k_proj.weight": k_all,
+            pre + "self_attn.v_proj.weight": v_all}
 
 
 def _mla_attention(arch: Arch, pre: str, layer: int, thetas: list[float], w: list[float], kappa: float,
@@ -408,7 +431,7 @@ def build(arch: Arch) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.input_layernorm = Norm(arch.hidden)
-            self.self_attn = LlamaAttention() if arch.name == "llama" else MLAttention()
+            self.self_attn = LlamaAttention() if arch.family == "llama" else MLAttention()
             self.post_attention_layernorm = Norm(arch.hidden)
             self.mlp = MLP()
 
@@ -532,7 +555,7 @@ def eval_lengths(seed: int) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m vramgate.models.recall_weights OUT_DIR --arch llama|deepseek-v2 [--seed N]``."""
+    """``python -m vramgate.models.recall_weights OUT_DIR --arch llama|llama-gqa|deepseek-v2 [--seed N]``."""
     parser = argparse.ArgumentParser(prog="python -m vramgate.models.recall_weights",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("out", type=Path)

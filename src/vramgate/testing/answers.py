@@ -12,11 +12,13 @@ import pytest
 
 from vramgate.core.answers import AnswersError, Comparison, compare
 from vramgate.engine import EngineResult
+from vramgate.models.recall_weights import MIN_MARGIN as RECALL_MIN_MARGIN
 from vramgate.profiles import Profile
 from vramgate.pytest_plugin.fixture import Gate
 
 __all__ = [
     "NOT_JUDGED",
+    "RECALL_MIN_MARGIN",
     "RecallModelCheck",
     "check_answers",
     "check_recall_model",

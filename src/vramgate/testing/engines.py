@@ -157,6 +157,22 @@ def small_run_block_size(model: str) -> int:
     return SMALL_RUN_BLOCK_SIZE[tier][model]
 
 
+#: The recall models (Note [recall task] in :mod:`vramgate.models.recall`) by their shape in
+#: :data:`vramgate.models.recall_weights.ARCHS`: a Llama, a Llama with grouped-query attention, a DeepSeek-V2 (MLA).
+RECALL_MODELS = {"llama": "recall-llama", "llama-gqa": "recall-llama-gqa", "deepseek-v2": "recall-deepseek-v2"}
+#: How many of a recall model's judging prompts (:func:`vramgate.workloads.recall_judging`) a judging run asks:
+#: all of them.
+RECALL_JUDGING_REQUESTS = 61
+
+
+def recall_judging_spec(arch: str) -> EngineSpec:
+    """The recall model of shape *arch* answering its judging prompts (3 to 1,984 tokens, 64 answered each) at the
+    small runs' KV budget and this tier's block size for its attention (MLA's or the Llama's)."""
+    like = "tiny-deepseek-v2" if arch.startswith("deepseek") else "tiny-llama"
+    return EngineSpec(model=RECALL_MODELS[arch], workload="recall-judging", requests=RECALL_JUDGING_REQUESTS,
+                      block_size=small_run_block_size(like), max_model_len=2048, kv_budget_gib=SMALL_RUN_BUDGET_GIB)
+
+
 def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
     """16 requests of 128 + 64 tokens at a 0.25 GiB KV budget (*block_size* default: the shared one).
 

@@ -201,12 +201,28 @@ def long_context(n: int, seed: int, max_model_len: int, *, output_len: int = 32)
     return [RequestSpec(rng.randint(low, max_model_len - output_len), output_len) for _ in range(n)]
 
 
+def recall_judging(n: int, seed: int, max_model_len: int, *, output_len: int = 64) -> list[RequestSpec]:
+    """The first *n* of the prompt lengths a recall model is judged on when it is made
+    (:func:`vramgate.models.recall_weights.eval_lengths` of *seed*: 3 tokens to 1,984), each answered with
+    *output_len* tokens, cut to fit *max_model_len*."""
+    from vramgate.models.recall_weights import eval_lengths
+
+    out = []
+    for length in eval_lengths(seed)[:n]:
+        p = min(length, max_model_len - output_len)
+        if p < 1:
+            raise WorkloadError(f"max_model_len {max_model_len} leaves no room for {output_len} output tokens")
+        out.append(RequestSpec(p, output_len))
+    return out
+
+
 GENERATORS: dict[str, Callable[..., list[RequestSpec]]] = {
     "fixed": fixed,
     "uniform": uniform,
     "sharegpt": sharegpt,
     "shared-prefix": shared_prefix,
     "long-context": long_context,
+    "recall-judging": recall_judging,
 }
 
 
