@@ -42,7 +42,8 @@ def anchors(path: Path) -> set[str]:
 
 
 def pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """The README, then every page of docs/, its folders' pages (a campaign's, under docs/campaigns/) included."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def without_code(text: str) -> str:
@@ -93,6 +94,22 @@ def unmapped(readme: str, names: list[str]) -> list[str]:
     """The docs pages (file names) that the README's map of the docs does not link."""
     docs_map = section(readme, MAP_HEADING)
     return [n for n in names if f"(docs/{n})" not in docs_map and f"(docs/{n}#" not in docs_map]
+
+
+def unreachable(readme: Path, wanted: list[Path]) -> list[Path]:
+    """The pages of *wanted* that no chain of relative links reaches from the pages the README's map links."""
+    seen: set[Path] = set()
+    todo = [(readme.parent / t.partition("#")[0]).resolve()
+            for t in LINK.findall(section(readme.read_text(encoding="utf-8"), MAP_HEADING))]
+    while todo:
+        page = todo.pop()
+        if page in seen or page.suffix != ".md" or not page.is_file():
+            continue
+        seen.add(page)
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        todo += [(page.parent / t.partition("#")[0]).resolve() for t in LINK.findall(text)
+                 if t.partition("#")[0] and not re.match(r"[a-z]+:", t)]
+    return [p for p in wanted if p.resolve() not in seen]
 
 
 def too_long(text: str, limit: int = README_LINES) -> str | None:
@@ -165,9 +182,23 @@ def test_the_checker_sees_a_broken_link(tmp_path: Path) -> None:
 
 
 def test_every_docs_page_is_linked_from_the_readmes_map() -> None:
-    names = [p.name for p in pages()[1:]]
+    """Each page of docs/ is linked from the README's map; a page in a folder of docs/ (a campaign's) is reached
+    from it through the pages it links."""
+    names = [p.name for p in pages()[1:] if p.parent == ROOT / "docs"]
     missing = unmapped((ROOT / "README.md").read_text(encoding="utf-8"), names)
     assert not missing, f"docs pages the README's map ({MAP_HEADING!r}) does not link: {missing}"
+    lost = unreachable(ROOT / "README.md", pages()[1:])
+    assert not lost, f"docs pages no link reaches from the README's map: {[str(p.relative_to(ROOT)) for p in lost]}"
+
+
+def test_the_reach_checker_sees_a_page_no_link_reaches(tmp_path: Path) -> None:
+    (tmp_path / "docs" / "deep").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("# R\n## Documentation\n- [a](docs/a.md)\n## Later\n[c](docs/deep/c.md)\n")
+    (tmp_path / "docs" / "a.md").write_text("[b](deep/b.md#x)\n```\n[c](deep/c.md)\n```\n")
+    for name in ("b", "c"):
+        (tmp_path / "docs" / "deep" / f"{name}.md").write_text(f"# {name}\n[back](../a.md)\n")
+    wanted = [tmp_path / "docs" / "a.md", tmp_path / "docs" / "deep" / "b.md", tmp_path / "docs" / "deep" / "c.md"]
+    assert unreachable(tmp_path / "README.md", wanted) == [tmp_path / "docs" / "deep" / "c.md"]
 
 
 def test_the_map_checker_sees_an_unmapped_page() -> None:
