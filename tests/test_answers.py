@@ -331,7 +331,8 @@ def test_an_expectation_not_met_fails_with_the_divergence_the_accuracy_and_how_t
     lines = message.splitlines()
     assert lines[0] == ('vramgate: outputs of block-manager-watermark fail [outputs] expect = "identical" against the '
                         "unpatched run (recall-llama)")
-    assert lines[1] == "- check: identical tokens: tokens equal: 8 of 9 (88.89%); requests identical: 2 of 3"
+    assert lines[1] == ("- check: identical tokens: tokens equal: 8 of 9 (88.89%); requests identical: 2 of 3; logprobs "
+                        "where the tokens agree: largest difference 0, bound 0.5")
     assert lines[2].startswith("- first divergence: request 1, position 1: unpatched 21 (logprob -0.01), patched 77 "
                                "(logprob -0.7)")
     assert "- task accuracy: patched 0.5000, unpatched 1.0000 (exact match over 2 request(s)" in message
@@ -410,3 +411,34 @@ def test_the_verdicts_are_rows_of_the_report_and_a_failure_reads_like_the_gate(p
     assert claims["test_dummy"]["judged"] is False and "judged" not in claims["test_same"]
     page = html_page(data)
     assert "1 not held, 1 held, 1 not judged" in page and '<span class="note">not judged</span>' in page
+
+
+def shifted(out: Outputs, by: float, request_index: int = 1, position: int = 2) -> Outputs:
+    """*out* with one position's logprobs moved by *by* (its tokens unchanged)."""
+    requests = list(out.requests)
+    r = requests[request_index]
+    logprobs = [dict(p) for p in r.logprobs]
+    logprobs[position] = {t: lp + by for t, lp in logprobs[position].items()}
+    requests[request_index] = RequestOutput(r.token_ids, logprobs, r.expected)
+    return Outputs(requests, out.top_k, out.prompts_sha256, out.task)
+
+
+def test_identical_holds_the_logprobs_where_the_tokens_agree_and_says_where_they_moved() -> None:
+    """Note [identical logprobs]: the same tokens with a logprob moved by one unit fail ``identical`` (and the
+    message names request, position, token and both values, and offers ``close``); a move within the bound holds."""
+    from vramgate.core.answers import IDENTICAL_LOGPROB_BOUND, compare
+
+    moved = shifted(REFERENCE, -1.0)
+    c = compare(REFERENCE, moved)
+    assert c.identical and c.max_logprob_delta == pytest.approx(1.0)
+    d = c.largest_logprob_delta
+    assert d is not None and (d.request, d.position) == (1, 2)
+    held, why = load_profile(WATERMARK).outputs.judge(c, ("patched", "unpatched"))
+    assert not held and "largest difference 1, bound 0.5, beyond it at request 1, position 2, token" in why
+    gate = Gate("t::x", "latency")
+    with pytest.raises(pytest.fail.Exception) as info:
+        check_answers(gate, load_profile(WATERMARK), result(moved), result(REFERENCE), context="recall-llama")
+    assert 'expect = "close" (top_k = 5: the tokens agree, and their logprobs move by 1' in str(info.value)
+    small = compare(REFERENCE, shifted(REFERENCE, IDENTICAL_LOGPROB_BOUND * 0.9))
+    assert load_profile(WATERMARK).outputs.judge(small)[0]
+    assert compare(REFERENCE, REFERENCE).to_json()["max_logprob_delta"] == 0.0

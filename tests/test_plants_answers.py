@@ -118,3 +118,60 @@ def test_the_plants_fail_on_their_outputs_and_pass_on_their_cost(vllm_env: Path,
         assert len(answers) == 1 and not answers[0]["held"], (name, claims)  # the answers' row: not held
         cost = [c for c in claims if c not in answers]
         assert cost and all(c["held"] for c in cost), (name, claims)  # the cost it claims holds
+
+
+# -- the numerics plants: each fails on the recall model it touches, and only there ----------------------------------
+
+#: Plant -> the recall models (suites/answers' ``arch`` parameter) whose answers it must change; the others' must
+#: pass. ``plant-logit-scale`` changes no token anywhere: its failures are its logprobs.
+NUMERICS_PLANTS = {
+    "plant-mla-scale": {"deepseek-v2"},
+    "plant-gqa-pairing": {"llama-gqa"},
+    "plant-logit-scale": {"llama", "llama-gqa", "deepseek-v2"},
+}
+ANSWERS_TEST = "suites/answers/test_profile_answers.py::test_profile_answers"
+ARCHS = ("deepseek-v2", "llama", "llama-gqa")
+
+
+@pytest.mark.skipif(SOURCE is None, reason=f"no vLLM {VLLM_VERSION} source: tox -e unit fetches it "
+                                           "(scripts/vllm_sources.py)")
+@pytest.mark.parametrize("name", sorted(NUMERICS_PLANTS))
+def test_the_numerics_plants_apply_to_the_pinned_release_and_name_no_suite(name: str) -> None:
+    """The plants apply at their places and are judged on their answers with no suite named (``suites = []``)."""
+    assert SOURCE is not None
+    profile = load_profile(ROOT / "tests" / "data" / "profiles" / name)
+    assert profile.suites == () and profile.outputs.expect == "identical"
+    notes: list[str] = []
+    files = patched_files(profile, SOURCE, VLLM_VERSION, notes)
+    assert notes == [], notes
+    for rel, text in files.items():
+        compile(text, rel, "exec")
+
+
+def test_the_numerics_plants_fail_exactly_on_the_recall_models_they_touch(vllm_env: Path,
+                                                                          pytester: pytest.Pytester) -> None:
+    """Through the real answers suite: an MLA-only change fails on recall-deepseek-v2 alone, a GQA-only change on
+    recall-llama-gqa alone (the plain Llama passes both), and a change that moves logprobs by about a unit without
+    changing a token fails ``identical`` on every model, the message naming the difference."""
+    shutil.copytree(ROOT / "suites" / "answers", pytester.path / "suites" / "answers")
+    shutil.copytree(ROOT / "fixtures", pytester.path / "fixtures")
+    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
+    for name in NUMERICS_PLANTS:
+        shutil.copytree(ROOT / "tests" / "data" / "profiles" / name, pytester.path / "patches" / name)
+    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}.items():
+        os.environ.setdefault(key, value)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "suites/answers", "--gate-missing", "record",
+                                           "--gate-report", "out", "--junitxml", "junit.xml", timeout=3600)
+    out = result.stdout.str()
+    cases = _cases(pytester.path / "junit.xml")
+    for name, touched in NUMERICS_PLANTS.items():
+        for arch in ARCHS:
+            case = cases[f"test_profile_answers[{name}-{arch}]"]
+            text = _failure_text(case)
+            if arch in touched:
+                assert "outputs of" in text and 'expect = "identical"' in text, (name, arch, text or out[-3000:])
+            else:
+                assert text == "" and case.find("skipped") is None, (name, arch, text or out[-3000:])
+    for arch in ARCHS:
+        text = _failure_text(cases[f"test_profile_answers[plant-logit-scale-{arch}]"])
+        assert "requests identical: 61 of 61" in text and "beyond it at request" in text, (arch, text)

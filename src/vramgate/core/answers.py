@@ -11,13 +11,24 @@ says which comparison must hold:
 ``identical``  every generated token equal: ``tokens_equal == tokens_compared``, where a request's tokens are
                compared position by position over the longer of its two outputs (a position only one side has counts
                as unequal), before and after its first divergence, so ``tokens_equal_fraction`` =
-               tokens equal / tokens compared, over all requests (1.0 when nothing was generated).
+               tokens equal / tokens compared, over all requests (1.0 when nothing was generated); and every
+               logprob both sides recorded for a token at a position within :data:`IDENTICAL_LOGPROB_BOUND` of the
+               other side's (Note [identical logprobs]).
 ``close``      vLLM's own closeness of two runs (``check_logprobs_close`` in vLLM's ``tests/models/utils.py``): walk
                each request's tokens; at its first differing token each side's token must be in the other side's
                top-k logprobs, and after it the request is not compared (the texts have parted, and what follows
                depends on which way each went). Requests that never differ are close.
 ``accuracy``   the task's exact-match accuracy (over the requests whose answer the task determines) of the candidate
                no lower than the reference's minus ``max_accuracy_drop``.
+
+Note [identical logprobs]: the recall models answer with margins of about 27 logits, so a numerics change that
+moves every logit by whole units leaves every token as it was; tokens alone cannot see it. So ``identical`` holds
+the logprobs too: at every position where both sides have generated the same tokens so far (up to each request's first
+divergence, where ``identical`` fails on the tokens already), each token in both sides' top-k has logprobs within
+:data:`IDENTICAL_LOGPROB_BOUND` of each other. The bound is set from the spread of runs that compute the same thing
+(the same run repeated, other batches, two engines at once, the block-manager profiles that must not change an
+output, on both ISA classes: docs/calibration.md, "Identical logprobs", made with
+``scripts/calibrate_logprobs.py``), with room to spare under the one-logit change the check is there to see.
 
 Everything here is plain data and JSON-able; the engine records :class:`Outputs`
 (:class:`vramgate.engine.runner.EngineResult` ``outputs``), a profile's manifest states its :class:`Expectation`
@@ -40,6 +51,9 @@ TOP_K = 5
 EXPECTATIONS = ("identical", "close", "accuracy")
 #: The task accuracy an ``accuracy`` expectation may lose when its table does not say (5 points of exact match).
 DEFAULT_MAX_ACCURACY_DROP = 0.05
+#: The most an ``identical`` expectation lets a logprob move where the tokens agree (Note [identical logprobs]):
+#: docs/calibration.md, "Identical logprobs", has the spread of unchanged runs it is set from.
+IDENTICAL_LOGPROB_BOUND = 0.5
 
 
 class AnswersError(ValueError):
@@ -203,6 +217,44 @@ class Divergence:
 
 
 @dataclass(frozen=True)
+class LogprobDelta:
+    """The largest logprob difference of a comparison: where, of which token, each side's value."""
+
+    request: int
+    position: int
+    token: int
+    reference: float
+    candidate: float
+
+    @property
+    def size(self) -> float:
+        """The difference's absolute value."""
+        return abs(self.candidate - self.reference)
+
+    def describe(self, labels: tuple[str, str] = ("candidate", "reference")) -> str:
+        """The difference in words (*labels*: candidate's, reference's)."""
+        return (f"request {self.request}, position {self.position}, token {self.token}: {labels[1]} "
+                f"{self.reference:.4g}, {labels[0]} {self.candidate:.4g} ({self.candidate - self.reference:+.4g})")
+
+    def to_json(self) -> dict[str, Any]:
+        """The difference as JSON data."""
+        return {"request": self.request, "position": self.position, "token": self.token,
+                "reference": self.reference, "candidate": self.candidate}
+
+
+def _largest_delta(i: int, ref: RequestOutput, cand: RequestOutput, upto: int) -> LogprobDelta | None:
+    """The largest difference between the logprobs both sides recorded for one token at one position, over the
+    first *upto* positions of request *i* (where the tokens agree)."""
+    best: LogprobDelta | None = None
+    for pos in range(min(upto, len(ref.logprobs), len(cand.logprobs))):
+        a, b = ref.logprobs[pos], cand.logprobs[pos]
+        for token in a.keys() & b.keys():
+            if best is None or abs(b[token] - a[token]) > best.size:
+                best = LogprobDelta(i, pos, token, a[token], b[token])
+    return best
+
+
+@dataclass(frozen=True)
 class Comparison:
     """A candidate's outputs against a reference's of the same prompts (Note [the same answer])."""
 
@@ -222,6 +274,14 @@ class Comparison:
     candidate_accuracy: float
     judged_requests: int
     """Requests whose answer the task determines (0: accuracy means nothing here)."""
+    largest_logprob_delta: LogprobDelta | None = None
+    """The largest difference of one token's logprob at one position where both sides generated the same tokens
+    so far (Note [identical logprobs]); None where no token's logprob was recorded on both sides."""
+
+    @property
+    def max_logprob_delta(self) -> float:
+        """:attr:`largest_logprob_delta`'s size (0.0 where none was recorded)."""
+        return self.largest_logprob_delta.size if self.largest_logprob_delta else 0.0
 
     @property
     def tokens_equal_fraction(self) -> float:
@@ -264,7 +324,8 @@ class Comparison:
                 "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
                 "first_not_close": self.first_not_close.to_json() if self.first_not_close else None,
                 "reference_accuracy": self.reference_accuracy, "candidate_accuracy": self.candidate_accuracy,
-                "judged_requests": self.judged_requests}
+                "judged_requests": self.judged_requests, "max_logprob_delta": self.max_logprob_delta,
+                "largest_logprob_delta": self.largest_logprob_delta.to_json() if self.largest_logprob_delta else None}
 
 
 def compare(reference: Outputs, candidate: Outputs, *, top_k: int = TOP_K) -> Comparison:
@@ -286,16 +347,21 @@ def compare(reference: Outputs, candidate: Outputs, *, top_k: int = TOP_K) -> Co
     compared = equal = identical = diverged = not_close = 0
     first: Divergence | None = None
     first_bad: Divergence | None = None
+    largest: LogprobDelta | None = None
     for i, (ref, cand) in enumerate(zip(reference.requests, candidate.requests, strict=True)):
         a, b = ref.token_ids, cand.token_ids
         compared += max(len(a), len(b))
         same = sum(x == y for x, y in zip(a, b, strict=False))
         equal += same
+        at = next((p for p, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        delta = _largest_delta(i, ref, cand, at)  # Note [identical logprobs]: where the tokens agree
+
+        if delta is not None and (largest is None or delta.size > largest.size):
+            largest = delta
         if same == len(a) == len(b):
             identical += 1
             continue
         diverged += 1
-        at = next((p for p, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         div = Divergence(i, at, a[at] if at < len(a) else None, b[at] if at < len(b) else None,
                          ref.top(at, top_k), cand.top(at, top_k), top_k)
         first = first or div
@@ -306,7 +372,8 @@ def compare(reference: Outputs, candidate: Outputs, *, top_k: int = TOP_K) -> Co
     return Comparison(requests=len(reference.requests), tokens_compared=compared, tokens_equal=equal,
                       requests_identical=identical, top_k=top_k, requests_diverged=diverged,
                       requests_not_close=not_close, first_divergence=first, first_not_close=first_bad,
-                      reference_accuracy=ref_acc, candidate_accuracy=cand_acc, judged_requests=judged)
+                      reference_accuracy=ref_acc, candidate_accuracy=cand_acc, judged_requests=judged,
+                      largest_logprob_delta=largest)
 
 
 @dataclass(frozen=True)
@@ -344,8 +411,14 @@ class Expectation:
         """Whether *comparison* meets the expectation, and the check that decided, in words (*labels*: candidate's,
         reference's)."""
         cand, ref = labels
-        if self.expect == "identical":
-            return comparison.identical, f"identical tokens: {comparison.tokens_line()}"
+        if self.expect == "identical":  # Note [identical logprobs]
+            bound, delta = IDENTICAL_LOGPROB_BOUND, comparison.largest_logprob_delta
+            within = comparison.max_logprob_delta <= bound
+            why = (f"identical tokens: {comparison.tokens_line()}; logprobs where the tokens agree: largest "
+                   f"difference {comparison.max_logprob_delta:.3g}, bound {bound:g}")
+            if not within and delta is not None:
+                why += f", beyond it at {delta.describe(labels)}"
+            return comparison.identical and within, why
         if self.expect == "close":
             why = (f"top-{comparison.top_k} closeness (vLLM's check_logprobs_close): {comparison.requests_diverged} of "
                    f"{comparison.requests} request(s) diverged, {comparison.requests_not_close} not close")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.core.answers import AnswersError, Comparison, compare
+from vramgate.core.answers import IDENTICAL_LOGPROB_BOUND, AnswersError, Comparison, compare
 from vramgate.engine import EngineResult
 from vramgate.models.recall_weights import MIN_MARGIN as RECALL_MIN_MARGIN
 from vramgate.profiles import Profile
@@ -100,6 +100,9 @@ def failure_message(profile: Profile, comparison: Comparison, check: str, labels
 
 def _looser(expect: str, comparison: Comparison) -> str:
     """The ``[outputs]`` line that would accept *comparison*."""
+    if expect == "identical" and comparison.identical:
+        return ('expect = "close" (top_k = 5: the tokens agree, and their logprobs move by '
+                f'{comparison.max_logprob_delta:.3g}; "identical" holds them within {IDENTICAL_LOGPROB_BOUND:g})')
     if expect == "identical" and comparison.close:
         return f'expect = "close" (top_k = {comparison.top_k}: the tokens differ, within the top-k)'
     drop = math.ceil(max(0.0, comparison.accuracy_drop) * 100 - 1e-9) / 100  # up to the next point, never below
