@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.core.answers import IDENTICAL_LOGPROB_BOUND, AnswersError, Comparison, compare
+from vramgate.core.answers import IDENTICAL_LOGPROB_BOUND, AnswersError, Comparison, Expectation, compare
 from vramgate.engine import EngineResult
 from vramgate.models.recall_weights import MIN_MARGIN as RECALL_MIN_MARGIN
 from vramgate.profiles import Profile
@@ -21,6 +21,7 @@ __all__ = [
     "RECALL_MIN_MARGIN",
     "RecallModelCheck",
     "check_answers",
+    "check_upgrade_answers",
     "check_recall_model",
     "check_task_accuracy",
     "failure_message",
@@ -73,6 +74,44 @@ def check_answers(gate: Gate, profile: Profile, candidate: EngineResult, referen
                         f"({expectation.describe()}, {expectation.origin or 'the manifest'}){where}")
     if not held:
         pytest.fail(failure_message(profile, comparison, check, labels, context), pytrace=False)
+    return comparison
+
+
+def check_upgrade_answers(gate: Gate, new: EngineResult, old: EngineResult, *, context: str = "") -> Comparison | None:
+    """Hold the new vLLM's outputs (*new*) to the old one's (*old*) of the same prompts as an ``identical``
+    expectation holds a profile's (the same tokens, each logprob within the bound); records the comparison's figures
+    and a claim row, and fails the test with the first divergence where the upgrade changes answers. None, with a
+    row that says why, where a side ran on dummy weights."""
+    expectation = Expectation("identical", origin="an upgrade must not change what a model computes")
+    labels = ("new vLLM", "old vLLM")
+    statement = "this upgrade: outputs identical to the old vLLM's"
+    where = f" on {context}" if context else ""
+    missing = [label for label, result in zip(labels, (new, old), strict=True) if result.outputs is None]
+    if missing:
+        gate.claim(statement, held=False, judged=False, source="vLLM upgrade",
+                   evidence=f"{NOT_JUDGED} (the {' and the '.join(missing)} run recorded no outputs){where}")
+        return None
+    assert new.outputs is not None and old.outputs is not None
+    try:
+        comparison = compare(old.outputs, new.outputs)
+    except AnswersError as exc:
+        pytest.fail(f"vramgate: the new vLLM's outputs cannot be compared with the old one's: {exc}", pytrace=False)
+    gate.record("tokens_equal_fraction", comparison.tokens_equal_fraction, unit="ratio", better="higher",
+                history=False)
+    gate.record("max_logprob_delta", round(comparison.max_logprob_delta, 4), unit="logits", history=False)
+    held, check = expectation.judge(comparison, labels)
+    gate.claim(statement, held=held, source="vLLM upgrade",
+               evidence=f"{check}; {comparison.accuracy_line(labels)}{where}")
+    if not held:
+        first = comparison.first_divergence
+        pytest.fail("\n".join([
+            f"vramgate: this upgrade changes answers{where}",
+            f"- check: {check}",
+            "- first divergence: " + (first.describe(labels) if first else "none (every token equal)"),
+            f"- {comparison.accuracy_line(labels)}",
+            "A release that fixes a kernel changes answers on purpose: read the divergence, and accept the upgrade "
+            "by reviewing it (docs/upgrade.md); one that does not has changed what the model computes."]),
+            pytrace=False)
     return comparison
 
 
