@@ -27,7 +27,7 @@ the logprobs too: at every position where both sides have generated the same tok
 divergence, where ``identical`` fails on the tokens already), each token in both sides' top-k has logprobs within
 :data:`IDENTICAL_LOGPROB_BOUND` of each other. The bound is set from the spread of runs that compute the same thing
 (the same run repeated, other batches, two engines at once, the block-manager profiles that must not change an
-output, on both ISA classes: docs/calibration.md, "Identical logprobs", made with
+output, on both ISA classes: docs/campaigns/identical-logprobs.md, made with
 ``scripts/calibrate_logprobs.py``), with room to spare under the one-logit change the check is there to see.
 
 Everything here is plain data and JSON-able; the engine records :class:`Outputs`
@@ -52,7 +52,7 @@ EXPECTATIONS = ("identical", "close", "accuracy")
 #: The task accuracy an ``accuracy`` expectation may lose when its table does not say (5 points of exact match).
 DEFAULT_MAX_ACCURACY_DROP = 0.05
 #: The most an ``identical`` expectation lets a logprob move where the tokens agree (Note [identical logprobs]):
-#: docs/calibration.md, "Identical logprobs", has the spread of unchanged runs it is set from.
+#: docs/campaigns/identical-logprobs.md has the spread of unchanged runs it is set from.
 IDENTICAL_LOGPROB_BOUND = 0.5
 
 
