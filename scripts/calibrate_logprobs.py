@@ -1,5 +1,5 @@
-"""The spread of unchanged runs' logprobs, which the ``identical`` expectation's bound is set from (docs/campaigns/identical-logprobs.md;
-Note [identical logprobs] in vramgate.core.answers).
+"""The spread of unchanged runs' logprobs, which the ``identical`` expectation's bound is set from
+(docs/campaigns/identical-logprobs.md; Note [identical logprobs] in vramgate.core.answers).
 
     python scripts/calibrate_logprobs.py OUT_DIR            # run the engines, then analyze
     python scripts/calibrate_logprobs.py OUT_DIR --analyze  # analyze the runs already in OUT_DIR

@@ -331,8 +331,8 @@ def test_an_expectation_not_met_fails_with_the_divergence_the_accuracy_and_how_t
     lines = message.splitlines()
     assert lines[0] == ('vramgate: outputs of block-manager-watermark fail [outputs] expect = "identical" against the '
                         "unpatched run (recall-llama)")
-    assert lines[1] == ("- check: identical tokens: tokens equal: 8 of 9 (88.89%); requests identical: 2 of 3; logprobs "
-                        "where the tokens agree: largest difference 0, bound 0.5")
+    assert lines[1] == ("- check: identical tokens: tokens equal: 8 of 9 (88.89%); requests identical: 2 of 3; "
+                        "logprobs where the tokens agree: largest difference 0, bound 0.5")
     assert lines[2].startswith("- first divergence: request 1, position 1: unpatched 21 (logprob -0.01), patched 77 "
                                "(logprob -0.7)")
     assert "- task accuracy: patched 0.5000, unpatched 1.0000 (exact match over 2 request(s)" in message

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from vramgate.engine import EngineError, EngineSpec, SpecError, cpu_backend_problem, run_engine, validate
+from vramgate.engine.paired import RoundAnswers, round_answers
 
 if TYPE_CHECKING:
     from vramgate.engine.paired import PairedDefaults
@@ -339,7 +340,7 @@ def test_the_further_looks_of_a_paired_step_test_share_one_quiet_section(monkeyp
             shift = 0.06 if len(started) == 1 else 0.0  # past the 5% screen, then unchanged
             ref = [0.01 * rng.lognormvariate(0, 0.02) for _ in range(rounds)]
             cand = [r * (1 + shift) * rng.lognormvariate(0, 0.02) for r in ref]
-            return SimpleNamespace(stats=lambda stat: (ref, cand))
+            return SimpleNamespace(stats=lambda stat: (ref, cand), answers=lambda: RoundAnswers(False, 2 * rounds))
 
     @contextlib.contextmanager
     def fake_quiet() -> Iterator[str]:
@@ -349,7 +350,8 @@ def test_the_further_looks_of_a_paired_step_test_share_one_quiet_section(monkeyp
 
     recorded: dict[str, object] = {}
     gate = SimpleNamespace(paired_checks=lambda *a, **k: [], writes_paired_baseline=lambda *a, **k: False,
-                           record_paired=lambda name, ref, cand, **k: recorded.update(name=name, n=len(ref), **k))
+                           record_paired=lambda name, ref, cand, **k: recorded.update(name=name, n=len(ref), **k),
+                           claim=lambda statement, **k: recorded.update(claim=statement, **k))
     sections: list[tuple[str, str, str]] = []
     request = SimpleNamespace(node=SimpleNamespace(add_report_section=lambda *a: sections.append(a)))
     monkeypatch.setattr(module, "engine_tier", lambda: "cpu")
@@ -361,6 +363,35 @@ def test_the_further_looks_of_a_paired_step_test_share_one_quiet_section(monkeyp
     assert events == ["start look-0", "close look-0", "quiet", "start look-1", "close look-1", "start look-2",
                       "close look-2", "loud"]
     assert recorded["n"] == 90 and recorded["name"] == "step_ratio"
+    # Note [round answers]: on dummy weights the row says the rounds' answers were not judged, over every look
+    assert recorded["judged"] is False and "outputs not judged: dummy weights (tiny-llama" in str(recorded["evidence"])
     lines = sections[0][2].splitlines()
     assert lines[0].startswith("first look (screened)") and lines[-1] == "further looks, quiet: waited 0.0 s"
     assert any(line.startswith("pooled (the verdict): 90 pairs") for line in lines)
+
+
+def _round(tokens: list[list[int]] | None) -> object:
+    from vramgate.engine.paired import Round
+
+    return Round(ttft_s=[0.1], tpot_s=[0.01], e2e_s=[0.2], steps_s=[0.01], wall_s=0.3, token_ids=tokens)
+
+
+def test_round_answers_hold_every_round_of_both_engines_to_the_references_first() -> None:
+    """Note [round answers]: the same tokens everywhere hold; a candidate round that differs is named with request
+    and position; a reference that changes from round to round is the reference's; a round without tokens (dummy
+    weights) leaves the answers not judged."""
+    same = [[5, 6, 7], [8, 9]]
+    held = round_answers([_round(same)] * 3, [_round(same)] * 3)
+    assert held.judged and held.first_difference is None and held.rounds == 6
+    other = round_answers([_round(same)] * 3, [_round(same), _round([[5, 6, 7], [8, 4]])])
+    assert other.candidate_differs and other.first_difference == (
+        "candidate round 1: request 1, position 1: 4, the reference's first round 9")
+    unstable = round_answers([_round(same), _round([[5, 1, 7], [8, 9]])], [_round(same)])
+    assert not unstable.candidate_differs and unstable.first_difference.startswith("reference round 1: request 0")
+    assert not round_answers([_round(None)], [_round(same)]).judged
+    merged = held.merge(other)
+    assert merged.rounds == 11 and merged.candidate_differs and merged.first_difference == other.first_difference
+    from vramgate.engine.paired import Round
+
+    assert Round.from_json({"ttft_s": [], "tpot_s": [], "e2e_s": [], "steps_s": [], "wall_s": 1.0,
+                            "token_ids": [[1, 2]]}, "r").token_ids == [[1, 2]]

@@ -79,4 +79,4 @@ def test_backend_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, t
     reference = reference.replace(block_size=block_size_of(profile, reference.block_size))
     candidate = runnable_candidate(reference, profile, use_mla=True)
     record_paired_step(gate, reference, candidate, request, project_root=project_root, run_dir=tmp_path,
-                       cache_root=vllm_env / "cache")
+                       cache_root=vllm_env / "cache", who=profile.name, expectation=profile.outputs)

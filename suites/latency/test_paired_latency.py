@@ -31,4 +31,4 @@ def test_profile_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, m
     reference = latency_spec("tiny-llama")
     candidate = runnable_candidate(reference, profile, model_shape(reference.model).use_mla)
     record_paired_step(gate, reference, candidate, request, project_root=project_root, run_dir=tmp_path,
-                       cache_root=vllm_env / "cache")
+                       cache_root=vllm_env / "cache", who=profile.name, expectation=profile.outputs)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
+from vramgate.testing.answers import check_round_answers
 from vramgate.testing.engines import EngineEnv, PairedEngines, engine_tier, latency_spec, paired_defaults
 
 
@@ -35,3 +36,7 @@ def test_upgrade_latency_ratio(gate: Gate, vllm_env: Path, project_root: Path, t
     assert new.get("vllm") != old.get("vllm"), f"both engines ran vLLM {new.get('vllm')}"
     gate.record_paired(f"upgrade_{settings.stat}_ratio", reference_rounds, candidate_rounds,
                        tolerance=settings.tolerance, alpha=settings.alpha)
+    # Note [round answers]: the rounds' tokens, where the model answers a task (test_upgrade_answers judges the
+    # recall models' tokens and logprobs)
+    check_round_answers(gate, result.answers(), who=f"this upgrade (vLLM {old.get('vllm')} -> {new.get('vllm')})",
+                        model=model)

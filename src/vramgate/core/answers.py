@@ -30,6 +30,10 @@ divergence, where ``identical`` fails on the tokens already), each token in both
 output, on both ISA classes: docs/campaigns/identical-logprobs.md, made with
 ``scripts/calibrate_logprobs.py``), with room to spare under the one-logit change the check is there to see.
 
+Longer than 400 lines: the outputs' record, their comparison and the expectation that judges it change together
+(a field of the comparison is a clause of a verdict and a key of its JSON); split, each part would reach into the
+others' fields.
+
 Everything here is plain data and JSON-able; the engine records :class:`Outputs`
 (:class:`vramgate.engine.runner.EngineResult` ``outputs``), a profile's manifest states its :class:`Expectation`
 (:mod:`vramgate.profiles.manifest`), and the suites judge with ``vramgate.testing.answers.check_answers``.

@@ -48,7 +48,7 @@ def layout_given(kernel: Any) -> Any:
         flat_key = None if key is None else key.reshape(key.shape[0], -1).clone()
         kernel(positions, flat_query, flat_key, head_size, cos_sin_cache, is_neox, *args, **kwargs)
         query.copy_(flat_query.view_as(query))
-        if key is not None:
+        if key is not None and flat_key is not None:
             key.copy_(flat_key.view_as(key))
         return None
 

@@ -1,5 +1,11 @@
 """Paired A/B latency: a reference and a candidate engine, rounds interleaved.
 
+Note [round answers]: on a model that answers a task (a recall model), each round of a paired run records the
+tokens it generated (no logprobs: the rounds are timed), and :func:`round_answers` holds every round of both sides
+to the reference's first: an engine whose answers change from round to round (a cache, a race, a buffer reused
+wrongly) or a candidate that answers otherwise than its reference is a finding of the paired test, whatever its
+speed. On dummy weights nothing is recorded, and the test's report says its answers were not judged.
+
 Note [paired latency]: on a shared CPU (and, less so, on a GPU box) the speed of the machine drifts by more than the
 regressions worth catching: comparing today's latency with a stored one mixes the two. Two engines that are up at the
 same time and take turns on the same workload see the same machine state, so the *ratio* candidate / reference cancels
@@ -43,14 +49,19 @@ class Round:
     e2e_s: list[float]
     steps_s: list[float]
     wall_s: float
+    token_ids: list[list[int]] | None = None
+    """Per request the tokens the round generated, where the engine's model answers a task (a recall model:
+    Note [round answers]); None on dummy weights."""
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Round:
         """The round in *data* (a server's ``round-N.json``); :class:`EngineError` naming *where* when it is not one."""
         fields = record_fields(cls, data, where, EngineError, ignore_unknown=True)
         try:
+            tokens = fields.get("token_ids")
             return cls(ttft_s=list(fields["ttft_s"]), tpot_s=list(fields["tpot_s"]), e2e_s=list(fields["e2e_s"]),
-                       steps_s=list(fields["steps_s"]), wall_s=float(fields["wall_s"]))
+                       steps_s=list(fields["steps_s"]), wall_s=float(fields["wall_s"]),
+                       token_ids=None if tokens is None else [[int(t) for t in r] for r in tokens])
         except (TypeError, ValueError) as exc:
             raise EngineError(f"{where}: malformed round result ({exc!r})") from None
 
@@ -86,6 +97,55 @@ class PairedResult:
     def ratios(self, stat: str) -> list[float]:
         """The per-pair ratios candidate / reference of *stat* (the paired metric's samples)."""
         return round_ratios(*self.stats(stat))
+
+    def answers(self) -> RoundAnswers:
+        """What the rounds generated, side against side and round against round (Note [round answers])."""
+        return round_answers(self.a, self.b)
+
+
+@dataclass(frozen=True)
+class RoundAnswers:
+    """The answers of paired rounds (Note [round answers]): whether they were recorded, and the first place where a
+    round generated other tokens than the reference's first round."""
+
+    judged: bool
+    """Every round of both sides recorded its tokens (a model that answers a task)."""
+    rounds: int
+    """Rounds compared, both sides together."""
+    first_difference: str | None = None
+    """Where a round first differs from the reference's first round, in words; None where none does."""
+    candidate_differs: bool = False
+    """Whether the first difference is the candidate's (every reference round agreeing)."""
+
+    def merge(self, other: RoundAnswers) -> RoundAnswers:
+        """Two looks' answers as one (the first difference found first)."""
+        return RoundAnswers(self.judged and other.judged, self.rounds + other.rounds,
+                            self.first_difference or other.first_difference,
+                            self.candidate_differs if self.first_difference else other.candidate_differs)
+
+
+def round_answers(reference: Sequence[Round], candidate: Sequence[Round]) -> RoundAnswers:
+    """Every round of both sides against the reference's first round (Note [round answers])."""
+    rounds = [*reference, *candidate]
+    if not rounds or any(r.token_ids is None for r in rounds):
+        return RoundAnswers(False, len(rounds))
+    want = reference[0].token_ids or []
+    for side, label in ((reference, "reference"), (candidate, "candidate")):
+        for k, r in enumerate(side):
+            got = r.token_ids or []
+            if got == want:
+                continue
+            if len(got) != len(want):
+                where = f"{len(got)} requests against {len(want)}"
+            else:
+                i = next(i for i, (x, y) in enumerate(zip(got, want, strict=True)) if x != y)
+                pos = next((p for p, (x, y) in enumerate(zip(got[i], want[i], strict=False)) if x != y),
+                           min(len(got[i]), len(want[i])))
+                mine = got[i][pos] if pos < len(got[i]) else "nothing"
+                theirs = want[i][pos] if pos < len(want[i]) else "nothing"
+                where = f"request {i}, position {pos}: {mine}, the reference's first round {theirs}"
+            return RoundAnswers(True, len(rounds), f"{label} round {k}: {where}", label == "candidate")
+    return RoundAnswers(True, len(rounds))
 
 
 def round_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:

@@ -26,7 +26,6 @@ from vramgate.core.answers import Outputs
 from vramgate.core.records import record_fields
 from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.memory_decision import MemoryDecision
-from vramgate.engine.vllm_plugin import ROPE_LAYOUT_ENV
 from vramgate.engine.spec import (
     ENGINE_RESULT_FORMAT,
     KV_TOO_SMALL,
@@ -37,6 +36,7 @@ from vramgate.engine.spec import (
     kv_need,
     validate,
 )
+from vramgate.engine.vllm_plugin import ROPE_LAYOUT_ENV
 from vramgate.machine import devices
 from vramgate.machine.probes import nvml
 from vramgate.models.config import ModelConfigError

@@ -12,6 +12,7 @@ import pytest
 
 from vramgate.core.answers import IDENTICAL_LOGPROB_BOUND, AnswersError, Comparison, Expectation, compare
 from vramgate.engine import EngineResult
+from vramgate.engine.paired import RoundAnswers
 from vramgate.models.recall_weights import MIN_MARGIN as RECALL_MIN_MARGIN
 from vramgate.profiles import Profile
 from vramgate.pytest_plugin.fixture import Gate
@@ -21,9 +22,10 @@ __all__ = [
     "RECALL_MIN_MARGIN",
     "RecallModelCheck",
     "check_answers",
-    "check_upgrade_answers",
     "check_recall_model",
+    "check_round_answers",
     "check_task_accuracy",
+    "check_upgrade_answers",
     "failure_message",
 ]
 
@@ -75,6 +77,41 @@ def check_answers(gate: Gate, profile: Profile, candidate: EngineResult, referen
     if not held:
         pytest.fail(failure_message(profile, comparison, check, labels, context), pytrace=False)
     return comparison
+
+
+def check_round_answers(gate: Gate, answers: RoundAnswers, *, who: str, model: str,
+                        expectation: Expectation | None = None, source: str = "paired run") -> bool | None:
+    """Hold the answers of a paired run's rounds (Note [round answers] in :mod:`vramgate.engine.paired`): every
+    round of both engines generated the reference's first round's tokens. Records a claim row; a reference that
+    answers otherwise from round to round fails the test, and so does a candidate that answers otherwise than its
+    reference where *expectation* is ``identical`` or none is given (an upgrade). Where the expectation allows other
+    tokens (``close``, ``accuracy``: the rounds keep no logprobs) the row says the answers suite judges them. On
+    dummy weights nothing is judged and the row says so. Whether the answers held, None where not judged.
+    *who*: the paired test's subject (a profile's name, an upgrade); *model*: the model the rounds ran."""
+    statement = f"{who}: the paired rounds' answers are the reference's, every round of both engines"
+    if not answers.judged:
+        gate.claim(statement, held=False, judged=False, source=source,
+                   evidence=f"{NOT_JUDGED} ({model}: the rounds generate no answers to hold); answers are judged on "
+                            "the recall models (suites/answers, suites/pressure/test_recall_models.py)")
+        return None
+    strict = expectation is None or expectation.expect == "identical"
+    if answers.first_difference is not None and answers.candidate_differs and not strict:
+        assert expectation is not None
+        gate.claim(statement, held=False, judged=False, source=source,
+                   evidence=f"the candidate's tokens differ ({answers.first_difference}), which "
+                            f"{expectation.describe()} allows; the rounds keep no logprobs to judge them by: "
+                            f"suites/answers judges them ({answers.rounds} rounds on {model})")
+        return None
+    held = answers.first_difference is None
+    evidence = (f"{answers.rounds} rounds on {model}: every round generated the reference's first round's tokens"
+                if held else f"{answers.rounds} rounds on {model}: {answers.first_difference}")
+    gate.claim(statement, held=held, source=source, evidence=evidence)
+    if not held:
+        whose = ("the candidate answers otherwise than its reference" if answers.candidate_differs
+                 else "the reference engine answers otherwise from round to round")
+        pytest.fail(f"vramgate: {who}: {whose} in the paired rounds on {model}\n- first difference: "
+                    f"{answers.first_difference}", pytrace=False)
+    return True
 
 
 def check_upgrade_answers(gate: Gate, new: EngineResult, old: EngineResult, *, context: str = "") -> Comparison | None:

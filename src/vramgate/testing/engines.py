@@ -11,11 +11,13 @@ quantization suites run :func:`small_run_spec` at the block size of
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from vramgate.core.answers import Expectation
 from vramgate.engine import (
     KV_TOO_SMALL,
     EngineCache,
@@ -37,10 +39,12 @@ from vramgate.engine import (
     validate,
 )
 from vramgate.engine.measure import PLANT_CANDIDATE_DELAY_ENV, PLANT_DELAY_ENV, planted_fraction
+from vramgate.engine.paired import RoundAnswers
 from vramgate.machine.probes import memory_history
 from vramgate.pytest_plugin.fixture import Gate
 from vramgate.runtime import quiet
 from vramgate.runtime.engine_env import EngineEnv
+from vramgate.testing.answers import check_round_answers
 
 __all__ = [
     "FIRST_TOKEN_TOLERANCE",
@@ -185,7 +189,8 @@ def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
 
 
 def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec, request: pytest.FixtureRequest, *,
-                       project_root: Path, run_dir: Path, cache_root: Path) -> None:
+                       project_root: Path, run_dir: Path, cache_root: Path, who: str = "",
+                       expectation: Expectation | None = None) -> None:
     """Run *reference* and *candidate* as paired engines (Note [paired latency] in :mod:`vramgate.engine.paired`)
     at this tier's settings and record the per-round ratio of the median engine step (``step_ratio``) on *gate*.
 
@@ -196,20 +201,26 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     first's are the verdict (Note [three looks]).
     The looks go into the test's report and into a failing test's message. ``VRAMGATE_PLANT_CANDIDATE_DELAY``
     plants a delay in the candidate's engine steps only (Note [planted delay] in :mod:`vramgate.engine.measure`),
-    how the gate's detection in its own configuration is measured (docs/calibration.md)."""
+    how the gate's detection in its own configuration is measured (docs/calibration.md).
+
+    Every round's answers are held too (Note [round answers] in :mod:`vramgate.engine.paired`), after the step:
+    *who* names the candidate in the row, *expectation* is its profile's (``check_round_answers``)."""
     settings = paired_defaults(engine_tier())
     name = f"{settings.stat}_ratio"
     delay = planted_fraction(PLANT_CANDIDATE_DELAY_ENV)
     if delay:
         candidate = candidate.replace(env={**candidate.env, PLANT_DELAY_ENV: str(delay)})
     quiet_lines: list[str] = []
+    answers: list[RoundAnswers] = []
     further = contextlib.ExitStack()  # one quiet section for every further look, held until the last is taken
 
     def take(n: int) -> tuple[list[float], list[float]]:
         if n == 1:  # Note [second look]: fresh engines, the other workers waiting
             quiet_lines.append(f"further looks, {further.enter_context(quiet.quiet())}")
         with PairedEngines(reference, candidate, project_root, run_dir / f"look-{n}", cache_root=cache_root) as engines:
-            return engines.run(settings.rounds, seed=n, together=settings.together).stats(settings.stat)
+            result = engines.run(settings.rounds, seed=n, together=settings.together)
+        answers.append(result.answers())
+        return result.stats(settings.stat)
 
     def also(_: str, ref: Sequence[float], cand: Sequence[float]) -> list[tuple[str, bool]]:
         return gate.paired_checks(name, ref, cand, tolerance=settings.tolerance, alpha=settings.alpha,
@@ -227,3 +238,6 @@ def record_paired_step(gate: Gate, reference: EngineSpec, candidate: EngineSpec,
     gate.record_paired(name, reference_rounds, candidate_rounds, tolerance=settings.tolerance, alpha=settings.alpha,
                        history_tolerance=settings.history_tolerance, looks=looks,
                        noise_in_looks=True)  # every look was judged with gate.paired_checks (also, above)
+    merged = functools.reduce(RoundAnswers.merge, answers)
+    check_round_answers(gate, merged, who=who or candidate.profile or "the candidate", model=reference.model,
+                        expectation=expectation)
