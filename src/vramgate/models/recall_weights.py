@@ -106,7 +106,12 @@ class Arch:
         of each where every query head has its own KV head; with grouped-query attention, a query head that is
         not the first of its group and a different KV head per layer (layer 0: query head 1 over KV head 0,
         layer 1: query head ``group`` over KV head 1), so that a kernel or patch that pairs query heads with the
-        wrong KV heads (``i % kv_heads`` for ``i // group``) changes the answers."""
+        wrong KV heads (``i % kv_heads`` for ``i // group``) changes the answers. In MLA every head has its own
+        keys and values from the shared latent: layer 0 uses the first head, layer 1 the last, so that at a tensor
+        parallelism of 2 each rank computes a part of the circuit."""
+        if self.family == "deepseek-v2":
+            head = 0 if layer % 2 == 0 else self.heads - 1
+            return head, head
         if self.kv_heads == self.heads:
             return 0, 0
         group = self.heads // self.kv_heads
@@ -134,8 +139,10 @@ class Arch:
 
 #: The Llama's rotary base leaves 24 of its 32 frequency pairs still over 4,096 positions (the code dimensions).
 #: ``llama-gqa``: 4 query heads over 2 KV heads (grouped-query attention), the KV bytes per token of ``llama``.
+#: ``deepseek-v2``: 4 heads, so that each rank of a tensor parallelism of 2 runs 2 (vLLM's CPU MLA computes wrong
+#: attention with one head per rank: docs/findings.md); MLA's KV bytes per token do not depend on the heads.
 ARCHS = {"llama": Arch("llama", rope_theta=1e20), "llama-gqa": Arch("llama-gqa", rope_theta=1e20, heads=4),
-         "deepseek-v2": Arch("deepseek-v2", rope_theta=10000.0)}
+         "deepseek-v2": Arch("deepseek-v2", rope_theta=10000.0, heads=4, kv_heads=4)}
 
 
 def frequencies(arch: Arch) -> list[float]:
@@ -308,9 +315,12 @@ def _mla_attention(arch: Arch, pre: str, layer: int, thetas: list[float], w: lis
     import torch
 
     h, r, nope, rope_dims, vd = arch.hidden, arch.kv_lora_rank, arch.qk_nope, arch.qk_rope, arch.v_head
-    q = torch.zeros(arch.heads * (nope + rope_dims), h)
+    q_all = torch.zeros(arch.heads * (nope + rope_dims), h)
     kv_a = torch.zeros(r + rope_dims, h)
-    kv_b = torch.zeros(arch.heads * (nope + vd), r)
+    kv_b_all = torch.zeros(arch.heads * (nope + vd), r)
+    head = arch.circuit_heads(layer)[0]
+    q = q_all[head * (nope + rope_dims):(head + 1) * (nope + rope_dims)]  # views: the circuit's head's rows
+    kv_b = kv_b_all[head * (nope + vd):(head + 1) * (nope + vd)]
     if layer == 0:  # previous token in the rope part (interleaved pairs (2f, 2f + 1)); the latent carries E
         for f, (theta, wf) in enumerate(zip(thetas, w, strict=True)):
             q[nope + 2 * f, CONST] = kappa * wf * math.cos(theta) / n0
@@ -334,8 +344,8 @@ def _mla_attention(arch: Arch, pre: str, layer: int, thetas: list[float], w: lis
             kv_b[nope + c, c] = 1.0 / lat
         q[CODE_DIMS, CONST] = match / n1  # every query against BOS's flag: -MATCH_SCORE
         kv_b[CODE_DIMS, 2 * CODE_DIMS] = -match / lat
-    return {pre + "self_attn.q_proj.weight": q, pre + "self_attn.kv_a_proj_with_mqa.weight": kv_a,
-            pre + "self_attn.kv_a_layernorm.weight": torch.ones(r), pre + "self_attn.kv_b_proj.weight": kv_b}
+    return {pre + "self_attn.q_proj.weight": q_all, pre + "self_attn.kv_a_proj_with_mqa.weight": kv_a,
+            pre + "self_attn.kv_a_layernorm.weight": torch.ones(r), pre + "self_attn.kv_b_proj.weight": kv_b_all}
 
 
 def build(arch: Arch) -> Any:

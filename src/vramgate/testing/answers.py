@@ -24,6 +24,7 @@ __all__ = [
     "check_answers",
     "check_recall_model",
     "check_round_answers",
+    "check_same_answers",
     "check_task_accuracy",
     "check_upgrade_answers",
     "failure_message",
@@ -114,42 +115,50 @@ def check_round_answers(gate: Gate, answers: RoundAnswers, *, who: str, model: s
     return True
 
 
-def check_upgrade_answers(gate: Gate, new: EngineResult, old: EngineResult, *, context: str = "") -> Comparison | None:
-    """Hold the new vLLM's outputs (*new*) to the old one's (*old*) of the same prompts as an ``identical``
-    expectation holds a profile's (the same tokens, each logprob within the bound); records the comparison's figures
-    and a claim row, and fails the test with the first divergence where the upgrade changes answers. None, with a
-    row that says why, where a side ran on dummy weights."""
-    expectation = Expectation("identical", origin="an upgrade must not change what a model computes")
-    labels = ("new vLLM", "old vLLM")
-    statement = "this upgrade: outputs identical to the old vLLM's"
+def check_same_answers(gate: Gate, candidate: EngineResult, reference: EngineResult, *, what: str,
+                       labels: tuple[str, str], context: str = "", accept: str = "") -> Comparison | None:
+    """Hold *candidate*'s outputs to *reference*'s of the same prompts as an ``identical`` expectation holds a
+    profile's (the same tokens, each logprob within the bound: Note [identical logprobs] in
+    :mod:`vramgate.core.answers`), where the two runs must compute the same thing: another vLLM (an upgrade),
+    another tensor parallelism. Records the comparison's figures and a claim row, and fails the test with the first
+    divergence, saying that *what* changes answers (*accept*: how one accepts it on purpose). None, with a row that
+    says why, where a side ran on dummy weights. *labels*: the candidate's and the reference's names."""
+    expectation = Expectation("identical")
+    statement = f"{what}: outputs identical to the {labels[1]}'s"
     where = f" on {context}" if context else ""
-    missing = [label for label, result in zip(labels, (new, old), strict=True) if result.outputs is None]
+    missing = [label for label, result in zip(labels, (candidate, reference), strict=True) if result.outputs is None]
     if missing:
-        gate.claim(statement, held=False, judged=False, source="vLLM upgrade",
+        gate.claim(statement, held=False, judged=False, source=what,
                    evidence=f"{NOT_JUDGED} (the {' and the '.join(missing)} run recorded no outputs){where}")
         return None
-    assert new.outputs is not None and old.outputs is not None
+    assert candidate.outputs is not None and reference.outputs is not None
     try:
-        comparison = compare(old.outputs, new.outputs)
+        comparison = compare(reference.outputs, candidate.outputs)
     except AnswersError as exc:
-        pytest.fail(f"vramgate: the new vLLM's outputs cannot be compared with the old one's: {exc}", pytrace=False)
+        pytest.fail(f"vramgate: the {labels[0]}'s outputs cannot be compared with the {labels[1]}'s: {exc}",
+                    pytrace=False)
     gate.record("tokens_equal_fraction", comparison.tokens_equal_fraction, unit="ratio", better="higher",
                 history=False)
     gate.record("max_logprob_delta", round(comparison.max_logprob_delta, 4), unit="logits", history=False)
     held, check = expectation.judge(comparison, labels)
-    gate.claim(statement, held=held, source="vLLM upgrade",
-               evidence=f"{check}; {comparison.accuracy_line(labels)}{where}")
+    gate.claim(statement, held=held, source=what, evidence=f"{check}; {comparison.accuracy_line(labels)}{where}")
     if not held:
         first = comparison.first_divergence
         pytest.fail("\n".join([
-            f"vramgate: this upgrade changes answers{where}",
+            f"vramgate: {what} changes answers{where}",
             f"- check: {check}",
             "- first divergence: " + (first.describe(labels) if first else "none (every token equal)"),
-            f"- {comparison.accuracy_line(labels)}",
-            "A release that fixes a kernel changes answers on purpose: read the divergence, and accept the upgrade "
-            "by reviewing it (docs/upgrade.md); one that does not has changed what the model computes."]),
-            pytrace=False)
+            f"- {comparison.accuracy_line(labels)}", *([accept] if accept else [])]), pytrace=False)
     return comparison
+
+
+def check_upgrade_answers(gate: Gate, new: EngineResult, old: EngineResult, *, context: str = "") -> Comparison | None:
+    """The new vLLM's outputs (*new*) against the old one's (*old*) of the same prompts
+    (:func:`check_same_answers`): "this upgrade changes answers", with its first divergence."""
+    return check_same_answers(
+        gate, new, old, what="this upgrade", labels=("new vLLM", "old vLLM"), context=context,
+        accept="A release that fixes a kernel changes answers on purpose: read the divergence, and accept the upgrade "
+               "by reviewing it (docs/upgrade.md); one that does not has changed what the model computes.")
 
 
 def failure_message(profile: Profile, comparison: Comparison, check: str, labels: tuple[str, str],

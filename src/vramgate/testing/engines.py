@@ -51,6 +51,8 @@ __all__ = [
     "KV_TOO_SMALL",
     "PRESSURE_SPEC",
     "PROFILE_OPTION",
+    "RECALL_JUDGING_REQUESTS",
+    "RECALL_MODELS",
     "SMALL_RUN_BLOCK_SIZE",
     "SMALL_RUN_BLOCK_SIZE_AMX",
     "SMALL_RUN_BUDGET_GIB",
@@ -70,10 +72,12 @@ __all__ = [
     "kv_need",
     "latency_spec",
     "paired_defaults",
+    "recall_judging_spec",
     "record_paired_step",
     "run_engine",
     "small_run_block_size",
     "small_run_spec",
+    "tensor_parallel_spec",
     "unpaired_latency_tolerance",
     "validate",
 ]
@@ -175,6 +179,26 @@ def recall_judging_spec(arch: str) -> EngineSpec:
     like = "tiny-deepseek-v2" if arch.startswith("deepseek") else "tiny-llama"
     return EngineSpec(model=RECALL_MODELS[arch], workload="recall-judging", requests=RECALL_JUDGING_REQUESTS,
                       block_size=small_run_block_size(like), max_model_len=2048, kv_budget_gib=SMALL_RUN_BUDGET_GIB)
+
+
+def tensor_parallel_spec(spec: EngineSpec, tp: int) -> tuple[EngineSpec, str | None]:
+    """*spec* at a tensor parallelism of *tp*, and why this machine cannot run it (None where it can). On the CPU
+    tier vLLM binds each rank's threads to cores of its own (``VLLM_CPU_OMP_THREADS_BIND``, one core per rank of
+    those this process may use: without it vLLM's CPU worker asks for a NUMA node per rank and fails); on a GPU it
+    needs *tp* GPUs."""
+    import os
+
+    parallel = spec.replace(tensor_parallel_size=tp)
+    if engine_tier() != "cpu":
+        from vramgate.machine import hardware
+
+        gpus = len(hardware.visible_gpus())
+        return parallel, None if gpus >= tp else f"tensor parallelism {tp} needs {tp} GPUs; {gpus} visible"
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        return parallel, f"tensor parallelism {tp} on CPU needs {tp} cores, one per rank; this process has {len(cores)}"
+    bind = "|".join(str(c) for c in cores[:tp])
+    return parallel.replace(env={**parallel.env, "VLLM_CPU_OMP_THREADS_BIND": bind}), None
 
 
 def small_run_spec(model: str, block_size: int | None = None) -> EngineSpec:
