@@ -197,13 +197,18 @@ def _looser(expect: str, comparison: Comparison) -> str:
 
 
 def check_task_accuracy(gate: Gate, result: EngineResult, *, context: str = "") -> float | None:
-    """Hold an unpatched run's answers to the task: every determined answer right, as its model was made to
-    answer (:class:`vramgate.models.recall.RecallModel`); records ``task_accuracy`` (held to no baseline) and fails
-    the test when an answer is wrong. None, recording nothing, for a run on dummy weights."""
+    """Hold an unpatched run's answers to the task: every determined answer right, each ahead of the runner-up by the
+    margin its model was made with (:data:`RECALL_MIN_MARGIN`, vLLM's own top-k logprobs), as the model was made to
+    answer (:class:`vramgate.models.recall.RecallModel`); records ``task_accuracy`` and ``min_margin`` (held to no
+    baseline) and fails the test when an answer is wrong or its margin short. None, recording nothing, for a run on
+    dummy weights."""
     if result.outputs is None:
         return None
     accuracy, judged = result.outputs.accuracy()
     gate.record("task_accuracy", accuracy, unit="ratio", better="higher", history=False)
+    margin = result.outputs.min_margin()
+    if margin is not None:
+        gate.record("min_margin", round(margin, 2), unit="logits", better="higher", history=False)
     wrong = [i for i, r in enumerate(result.outputs.requests) if r.expected is not None and r.token_ids != r.expected]
     if wrong:
         first = result.outputs.requests[wrong[0]]
@@ -214,6 +219,12 @@ def check_task_accuracy(gate: Gate, result: EngineResult, *, context: str = "") 
             f"made to answer them all: {len(wrong)} wrong, the first request {wrong[0]} at generated position {at} "
             f"(token {first.token_ids[at]}, expected {first.expected[at] if first.expected else None}). vLLM itself, "
             "its kernels on this machine, or the engine's arguments compute something else than the model's "
+            "reference (Note [recall weights] in vramgate.models.recall_weights)", pytrace=False)
+    if margin is not None and margin < RECALL_MIN_MARGIN:
+        where = f" on {context}" if context else ""
+        pytest.fail(
+            f"vramgate: the unpatched engine's answers{where} lead the runner-up by {margin:.2f} logits at the least, "
+            f"under the {RECALL_MIN_MARGIN} the model was made with: vLLM computes other numbers than the model's "
             "reference (Note [recall weights] in vramgate.models.recall_weights)", pytrace=False)
     return accuracy
 
