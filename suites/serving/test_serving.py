@@ -103,6 +103,11 @@ def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: fl
                 history=False)
     if result.goodput is not None:
         gate.record("goodput", result.goodput, unit="ratio", better="higher", scope="machine", history=False)
+    # Note [the same answer] in vramgate.core.answers: vLLM's benchmark client keeps no outputs to judge
+    gate.claim(f"{model} served at {request_rate:g} req/s: the server's answers", held=False, judged=False,
+               source="serving", evidence="outputs not judged: vLLM's benchmark client keeps no outputs (and the "
+               "default serving entry runs dummy weights); answers are judged on the recall models (suites/answers, "
+               "suites/pressure/test_recall_models.py)")
 
 
 def _skip_unsettled(request: pytest.FixtureRequest, project_root: Path, load: str) -> None:
