@@ -25,6 +25,7 @@ import os
 import shutil
 import tomllib
 import xml.etree.ElementTree as ET
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -66,11 +67,13 @@ def test_the_plants_apply_to_the_pinned_release_and_expect_identical_outputs(nam
     assert manifest["outputs"] == {"expect": "identical"}
 
 
-def _project(pytester: pytest.Pytester) -> pytest.Pytester:
-    shutil.copytree(ROOT / "suites" / "block_manager", pytester.path / "suites" / "block_manager")
+def _project(pytester: pytest.Pytester, suite: str = "block_manager",
+             plants: Collection[str] = PLANTS) -> pytest.Pytester:
+    """A project of *suite*, the fixtures and *plants* as its only profiles."""
+    shutil.copytree(ROOT / "suites" / suite, pytester.path / "suites" / suite)
     shutil.copytree(ROOT / "fixtures", pytester.path / "fixtures")
     shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
-    for name in PLANTS:
+    for name in plants:
         shutil.copytree(ROOT / "tests" / "data" / "profiles" / name, pytester.path / "patches" / name)
     for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}.items():
         os.environ.setdefault(key, value)
@@ -153,13 +156,7 @@ def test_the_numerics_plants_fail_exactly_on_the_recall_models_they_touch(vllm_e
     """Through the real answers suite: an MLA-only change fails on recall-deepseek-v2 alone, a GQA-only change on
     recall-llama-gqa alone (the plain Llama passes both), and a change that moves logprobs by about a unit without
     changing a token fails ``identical`` on every model, the message naming the difference."""
-    shutil.copytree(ROOT / "suites" / "answers", pytester.path / "suites" / "answers")
-    shutil.copytree(ROOT / "fixtures", pytester.path / "fixtures")
-    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
-    for name in NUMERICS_PLANTS:
-        shutil.copytree(ROOT / "tests" / "data" / "profiles" / name, pytester.path / "patches" / name)
-    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}.items():
-        os.environ.setdefault(key, value)
+    _project(pytester, "answers", NUMERICS_PLANTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "suites/answers", "--gate-missing", "record",
                                            "--gate-report", "out", "--junitxml", "junit.xml", timeout=3600)
     out = result.stdout.str()
