@@ -19,8 +19,8 @@ import pytest
 from vramgate import Gate
 from vramgate.testing import Engine, ModelLoader
 from vramgate.testing.answers import check_answers
-from vramgate.testing.engines import RECALL_MODELS, cpu_backend_problem, engine_tier, recall_judging_spec
-from vramgate.testing.profiles import Profile, skip_unmet
+from vramgate.testing.engines import RECALL_MODELS, recall_judging_spec
+from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet
 
 #: Not in the pre-merge set yet (tox -e cpu): one engine run per profile and recall model; the full gate (tox -e
 #: cpu-full, nightly) runs it.
@@ -36,12 +36,12 @@ def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, p
         pytest.skip(f"profile {profile.name} quantizes the model: the quantization suite judges its answers on its "
                     "own checkpoints (suites/quantization/test_accuracy.py)")
     spec = recall_judging_spec(arch)
-    candidate = spec.replace(profile=profile.name)
-    if engine_tier() == "cpu":
-        dtype = str(profile.engine_args.get("kv_cache_dtype", spec.kv_cache_dtype))
-        problem = cpu_backend_problem(spec.replace(kv_cache_dtype=dtype), model_shape(spec.model).use_mla)
-        if problem:
-            pytest.skip(f"profile {profile.name} on this tier: {problem}")
+    use_mla = model_shape(spec.model).use_mla
+    backend = str(profile.engine_args.get("attention_backend", ""))
+    if backend and ("MLA" in backend.upper()) != use_mla:
+        pytest.skip(f"not judged here: profile {profile.name} forces the {backend} attention backend, which "
+                    f"{spec.model} ({'MLA' if use_mla else 'no MLA'}) cannot run; the other recall models judge it")
+    candidate = runnable_candidate(spec, profile, use_mla)
     reference = engine.run(spec)
     result = engine.run(candidate)
     check_answers(gate, profile, result, reference, context=spec.model)
