@@ -442,3 +442,25 @@ def test_identical_holds_the_logprobs_where_the_tokens_agree_and_says_where_they
     small = compare(REFERENCE, shifted(REFERENCE, IDENTICAL_LOGPROB_BOUND * 0.9))
     assert load_profile(WATERMARK).outputs.judge(small)[0]
     assert compare(REFERENCE, REFERENCE).to_json()["max_logprob_delta"] == 0.0
+
+
+def test_runs_that_must_compute_the_same_pass_or_say_what_changed_answers() -> None:
+    """An upgrade or another tensor parallelism is held ``identical``: the same outputs hold (a row, figures), moved
+    logprobs fail naming what changed answers and where, and a side on dummy weights is not judged."""
+    from vramgate.testing.answers import check_same_answers
+
+    gate = Gate("t::x", "tp_overlap")
+    c = check_same_answers(gate, result(REFERENCE), result(REFERENCE), what="tensor parallelism 2",
+                           labels=("TP=2", "TP=1"), context="recall-llama")
+    assert c is not None and gate.claims[0].held and gate.metrics["max_logprob_delta"].value == 0.0
+    assert gate.claims[0].statement == "tensor parallelism 2: outputs identical to the TP=1's"
+    with pytest.raises(pytest.fail.Exception) as info:
+        check_same_answers(Gate("t::y", "latency"), result(shifted(REFERENCE, -1.0)), result(REFERENCE),
+                           what="this upgrade", labels=("new vLLM", "old vLLM"), accept="review it")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "vramgate: this upgrade changes answers" and lines[-1] == "review it"
+    assert "beyond it at request 1, position 2" in lines[1] and "none (every token equal)" in lines[2]
+    blind = Gate("t::z", "latency")
+    assert check_same_answers(blind, result(), result(REFERENCE), what="this upgrade",
+                              labels=("new vLLM", "old vLLM")) is None
+    assert not blind.claims[0].judged and "the new vLLM run recorded no outputs" in blind.claims[0].evidence

@@ -395,3 +395,17 @@ def test_round_answers_hold_every_round_of_both_engines_to_the_references_first(
 
     assert Round.from_json({"ttft_s": [], "tpot_s": [], "e2e_s": [], "steps_s": [], "wall_s": 1.0,
                             "token_ids": [[1, 2]]}, "r").token_ids == [[1, 2]]
+
+
+def test_tensor_parallel_on_cpu_binds_a_core_per_rank_or_says_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vramgate.testing import engines
+
+    monkeypatch.setattr(engines, "engine_tier", lambda: "cpu")
+    spec = EngineSpec(model="recall-llama", env={"X": "1"})
+    monkeypatch.setattr(engines.os, "sched_getaffinity", lambda pid: {3, 1}, raising=False)
+    parallel, problem = engines.tensor_parallel_spec(spec, 2)
+    assert problem is None and parallel.tensor_parallel_size == 2
+    assert parallel.env == {"X": "1", "VLLM_CPU_OMP_THREADS_BIND": "1|3"}
+    monkeypatch.setattr(engines.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    _, problem = engines.tensor_parallel_spec(spec, 2)
+    assert problem == "tensor parallelism 2 on CPU needs 2 cores, one per rank; this process has 1"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -186,8 +187,6 @@ def tensor_parallel_spec(spec: EngineSpec, tp: int) -> tuple[EngineSpec, str | N
     tier vLLM binds each rank's threads to cores of its own (``VLLM_CPU_OMP_THREADS_BIND``, one core per rank of
     those this process may use: without it vLLM's CPU worker asks for a NUMA node per rank and fails); on a GPU it
     needs *tp* GPUs."""
-    import os
-
     parallel = spec.replace(tensor_parallel_size=tp)
     if engine_tier() != "cpu":
         from vramgate.machine import hardware
