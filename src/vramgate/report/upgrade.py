@@ -115,6 +115,13 @@ def upgrade_markdown(data: Upgrade | dict[str, Any]) -> str:
             lines.append(f"| `{p.test}` | {p.metric} | {median} | {spread} | {tol} | "
                          f"{'❌ slower' if p.failed else 'ok'} |")
         lines.append("")
+    changed = [t for t in (up.paired.run.failed if up.paired and up.paired.run else [])
+               if "test_upgrade_answers" in t]
+    if changed:
+        lines += ["### Answers: this upgrade changes them", "",
+                  "The new version's tokens or logprobs differ from the old one's on these recall models (each "
+                  "test's message in the paired run's `pytest.log` has its first divergence):", "",
+                  *[f"- ❌ `{t.split('::', 1)[-1]}`" for t in changed], ""]
     if up.profiles:
         lines += ["### Profiles", "", f"| profile | target | on vLLM {old} | on vLLM {new} |", "|---|---|---|---|"]
         for prof in up.profiles:

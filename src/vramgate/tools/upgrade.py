@@ -7,7 +7,8 @@ records, nothing is compared with the stored baselines, and the two runs'
 report.json files are compared metric by metric under each metric's own rule
 (:mod:`vramgate.report.compare`), the old version playing the baseline. Then the
 new version's engine and the old one's run paired, taking turns
-(``suites/latency/test_upgrade_latency.py``), and every profile is checked
+(``suites/latency/test_upgrade_latency.py``), each recall model answers under both and the new one's answers are
+held to the old one's (``suites/latency/test_upgrade_answers.py``), and every profile is checked
 against both versions' sources (:mod:`vramgate.profiles.applicability`), with a
 three-way rebase proposed where one does not apply as is. The result is a
 folder: each side's report and log, the paired run's, the proposals, and
@@ -61,6 +62,9 @@ ENGINES_DIR = Path(".vramgate") / "engines"
 DEFAULT_MARKS = "not gate_nightly"
 #: The paired latency test of an upgrade run.
 PAIRED_TEST = "suites/latency/test_upgrade_latency.py"
+#: The answers of an upgrade run: every recall model under the old and the new vLLM, held identical. It runs beside
+#: the paired test (it needs ``--gate-upgrade-from`` too), where the project has it.
+ANSWERS_TEST = "suites/latency/test_upgrade_answers.py"
 #: Seconds one side's run may take.
 SIDE_TIMEOUT_S = 3600.0
 
@@ -258,6 +262,12 @@ def paired_rows(report: Report) -> list[PairedRow]:
     return rows
 
 
+def answers_failures(latency: PairedLatency | None) -> list[str]:
+    """The node ids of the upgrade's answers tests that failed (the new vLLM answers otherwise than the old)."""
+    run = latency.run if latency else None
+    return [t for t in (run.failed if run else []) if t.startswith(ANSWERS_TEST)]
+
+
 def headline_suites(root: Path) -> tuple[str, ...]:
     """The suites of the project at *root* whose figures an upgrade report shows side by side, changed or not:
     those whose ``suite.toml`` says ``headline = true`` (Note [suite files] in :mod:`vramgate.matrix.suite_files`)."""
@@ -332,7 +342,8 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
     comparison = compare_reports(old_report, new_report, labels=labels)
     latency = None
     if paired:
-        side = run_side(root, SideRun(f"paired {labels[1]} / {labels[0]}", new_env, out / "paired"), [PAIRED_TEST],
+        tests = [PAIRED_TEST, *([ANSWERS_TEST] if (root / ANSWERS_TEST).is_file() else [])]
+        side = run_side(root, SideRun(f"paired {labels[1]} / {labels[0]}", new_env, out / "paired"), tests,
                         upgrade_from=old_env, workers=1)
         latency = PairedLatency(side.record(), paired_rows(read_report(side.report)))
     profiles = profile_checks(root, old_env, new_env, out)
@@ -340,7 +351,8 @@ def upgrade(root: Path, old_version: str, new_version: str, *, out: Path, tier: 
         from_version=old_version, to_version=new_version, tier=tier,
         # Note [upgrade timings]: measured metrics (timings) of the two separate runs are shown, not gating.
         regressions=(sum(not is_timed(r.kind) for r in comparison.regressions)
-                     + sum(r.failed for r in (latency.rows if latency else []))),
+                     + sum(r.failed for r in (latency.rows if latency else []))
+                     + len(answers_failures(latency))),
         runs=[old.record(), new.record()], comparison=comparison.to_json(),
         comparison_markdown=comparison.markdown(one_sided=False, level=4), paired=latency, profiles=profiles,
         headline=[r for r in comparison.rows if r.suite in headline], serving=serving_advice(old_report, new_report),
