@@ -120,8 +120,12 @@ def test_wrong_version_is_refused(installed: Path, tmp_path: Path) -> None:
         (lambda t: t + "\nflavour = 1\n", "unknown field(s) flavour"),
         (lambda t: t.replace('["0001.patch"]', '["0009.patch"]'), "series[0] '0009.patch' does not exist"),
         (lambda t: t.replace("[target]", "[target\n"), "not valid TOML"),
+        (lambda t: t + '\n[engine_args]\nload_format = "dummy"\n',
+         "[engine_args]: field 'load_format' chooses how the engine loads its weights; a profile that sets it would "
+         "switch off the checks that judge it"),
+        (lambda t: t + '\n[engine_args]\nmodel = "other"\n', "[engine_args]: field 'model' chooses the model"),
     ],
-    ids=["name", "version", "op", "unknown", "series", "toml"],
+    ids=["name", "version", "op", "unknown", "series", "toml", "load_format", "model"],
 )
 def test_bad_manifests_name_the_file_and_field(tmp_path: Path, edit, message: str) -> None:
     d = make_profile(tmp_path, "p", {"0001.patch": GOOD_DIFF})

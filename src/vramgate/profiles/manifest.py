@@ -126,6 +126,17 @@ def _get(data: dict[str, Any], key: str, typ: type | tuple[type, ...], where: st
     return value
 
 
+#: Engine arguments a profile may not set: they choose what the engine runs or what it returns to be judged by, and
+#: the suites choose those (a profile with ``load_format = "dummy"`` would answer nothing to hold to the unpatched
+#: engine's answers).
+JUDGING_ARGS = {
+    "model": "the model the engine runs",
+    "tokenizer": "the tokenizer the engine runs",
+    "revision": "the model's revision",
+    "load_format": "how the engine loads its weights",
+    "max_logprobs": "how many logprobs the engine returns to be judged by",
+}
+
 _KNOWN = {"name", "description", "hypothesis", "target", "patches", "engine_args", "env", "requires", "suites",
           "claims", "checkpoint", "outputs"}
 
@@ -200,6 +211,11 @@ def load_profile(directory: Path) -> Profile:
     suites = _get(data, "suites", list, where, [])
     checkpoint = _checkpoint(data, where)
     engine_args = dict(_get(data, "engine_args", dict, where, {}))
+    for key in sorted(engine_args.keys() & JUDGING_ARGS.keys()):
+        raise ProfileError(f"{where} [engine_args]: field {key!r} chooses {JUDGING_ARGS[key]}; a profile that sets "
+                           "it would switch off the checks that judge it (its answers on the recall models: Note "
+                           "[the same answer] in vramgate.core.answers). Drop it: the suites choose what the engine "
+                           "runs")
     outputs = _outputs(data, where) or default_expectation(tuple(str(s) for s in suites), engine_args, checkpoint)
     if not series and not engine_args and not env:
         raise ProfileError(f"{where}: a profile needs a diff series, engine_args or env")
