@@ -186,7 +186,7 @@ def failure_message(profile: Profile, comparison: Comparison, check: str, labels
 def _looser(expect: str, comparison: Comparison) -> str:
     """The ``[outputs]`` line that would accept *comparison*."""
     if expect == "identical" and comparison.identical:
-        return ('expect = "close" (top_k = 5: the tokens agree, and their logprobs move by '
+        return (f'expect = "close" (top_k = {comparison.top_k}: the tokens agree, and their logprobs move by '
                 f'{comparison.max_logprob_delta:.3g}; "identical" holds them within {IDENTICAL_LOGPROB_BOUND:g})')
     if expect == "identical" and comparison.close:
         return f'expect = "close" (top_k = {comparison.top_k}: the tokens differ, within the top-k)'
