@@ -218,7 +218,7 @@ def report_with(old: Path, change: str) -> dict[str, Any]:
     elif change == "no name":
         del metric["name"]
     elif change == "schema":
-        data["schema"] = 3
+        data["schema"] = 4
     elif change == "tests":
         data["tests"] = {}
     elif change == "no key":
@@ -232,7 +232,7 @@ def report_with(old: Path, change: str) -> dict[str, Any]:
     ("no samples", r"bad\.json: test test_gated\.py::test_measured: metric 'ttft': now\.samples: a measured metric "
                    r"needs its samples"),
     ("no name", r"bad\.json: test test_gated\.py::test_exact: metrics\[0\] has no name"),
-    ("schema", r"bad\.json: report\.json of schema 3, newer than this vramgate reads \(schema 2\): upgrade vramgate"),
+    ("schema", r"bad\.json: report\.json of schema 4, newer than this vramgate reads \(schema 3\): upgrade vramgate"),
     ("tests", r"bad\.json: tests: must be a list"),
     ("no key", r"bad\.json: hardware: must be an object with a key"),
 ])

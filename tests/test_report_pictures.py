@@ -248,9 +248,9 @@ def test_report_html_command(run: dict[str, Any], history: list[dict[str, Any]],
     (tmp_path / "history.json").write_text("[{]", encoding="utf-8")
     assert main(["report", "html", str(tmp_path), "--history", str(tmp_path / "history.json")]) == 2
     assert f"{tmp_path / 'history.json'}: not valid JSON" in capsys.readouterr().err
-    (tmp_path / "report.json").write_text(json.dumps({"schema": 3}), encoding="utf-8")
+    (tmp_path / "report.json").write_text(json.dumps({"schema": 4}), encoding="utf-8")
     assert main(["report", "html", str(tmp_path)]) == 2
-    assert "report.json of schema 3, newer than this vramgate reads (schema 2)" in capsys.readouterr().err
+    assert "report.json of schema 4, newer than this vramgate reads (schema 3)" in capsys.readouterr().err
 
 
 def test_a_flat_history_is_said_not_drawn(run: dict[str, Any], history: list[dict[str, Any]]) -> None:

@@ -19,17 +19,25 @@ import pytest
 from vramgate import Gate
 from vramgate.testing import Engine, ModelLoader
 from vramgate.testing.answers import check_answers
-from vramgate.testing.engines import RECALL_MODELS, recall_judging_spec
-from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet
+from vramgate.testing.engines import RECALL_MODELS, TRACE_ENV, engine_tier, recall_judging_spec
+from vramgate.testing.profiles import DIFF_LINES_PROPERTY, Profile, runnable_candidate, skip_unmet
 
-#: Not in the pre-merge set yet (tox -e cpu): one engine run per profile and recall model; the full gate (tox -e
-#: cpu-full, nightly) runs it.
-pytestmark = pytest.mark.gate_nightly("every profile's answers on every recall model: one engine run each")
+#: Pre-merge (tox -e cpu): every profile on the grouped-query Llama, whose unpatched run the pre-merge set has
+#: already (suites/pressure/test_recall_models.py): one engine run per profile. The plain Llama and the MLA model
+#: run in the full gate (tox -e cpu-full, nightly), one engine run per profile each.
+PRE_MERGE_ARCH = "llama-gqa"
+ARCHS = [arch if arch == PRE_MERGE_ARCH else
+         pytest.param(arch, marks=pytest.mark.gate_nightly(
+             f"every profile's answers on recall-{arch}: one engine run each; pre-merge judges every profile on "
+             f"recall-{PRE_MERGE_ARCH}"))
+         for arch in sorted(RECALL_MODELS)]
 
 
+@pytest.mark.gate_judges("answers")
 @pytest.mark.gate_profiles()
-@pytest.mark.parametrize("arch", sorted(RECALL_MODELS))
-def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, profile: Profile, arch: str) -> None:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, profile: Profile, arch: str,
+                         request: pytest.FixtureRequest) -> None:
     """The profile's outputs on the recall model *arch* against the unpatched run's, under its expectation."""
     skip_unmet(profile)
     if profile.checkpoint is not None:
@@ -42,6 +50,14 @@ def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, p
         pytest.skip(f"not judged here: profile {profile.name} forces the {backend} attention backend, which "
                     f"{spec.model} ({'MLA' if use_mla else 'no MLA'}) cannot run; the other recall models judge it")
     candidate = runnable_candidate(spec, profile, use_mla)
+    # Note [diff ran] in vramgate.engine.diff_lines: the candidate watches which of the diff's lines run
+    candidate = candidate.replace(env={**candidate.env, TRACE_ENV: "1"})
     reference = engine.run(spec)
     result = engine.run(candidate)
     check_answers(gate, profile, result, reference, context=spec.model)
+    if result.diff is not None:  # the profile's row says whether its lines ran (Note [profile verdict])
+        request.node.user_properties.append((DIFF_LINES_PROPERTY, (result.diff.ran_count, result.diff.changed_count)))
+        request.node.add_report_section("call", "vramgate diff ran", result.diff.describe())
+        reason = result.diff.not_run_reason(engine_tier())
+        if reason:
+            pytest.skip(reason)

@@ -79,6 +79,7 @@ def engine_figures(result: EngineResult) -> dict[str, float]:
     }
 
 
+@pytest.mark.gate_judges("answers")  # under KV pressure: what a preemption or a prefix-cache change computes
 @pytest.mark.gate_profiles("block_manager", reference="baseline")
 def test_engine_pressure(gate: Gate, engine: Engine, model_shape: ModelLoader, profile: Profile | None) -> None:
     """The pressure suite's engine run, with each profile applied: its cost, its claims, and its answers against the

@@ -28,6 +28,7 @@ def digest(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.gate_judges("applies")
 @pytest.mark.gate_profiles()
 def test_profile_applies(vllm_in_process: Path, profile: Profile) -> None:
     assert check(profile) is None

@@ -25,6 +25,7 @@ from vramgate.testing.profiles import Profile
 from vramgate.testing.quantization import checkpoint_of
 
 
+@pytest.mark.gate_judges("answers")
 @pytest.mark.gate_profiles("quantization", reference="bf16")
 def test_task_accuracy(gate: Gate, quant_runs: QuantRuns, profile: Profile | None) -> None:
     """bf16: every recall answer right; a quantized checkpoint: task accuracy within its budget of bf16's."""

@@ -25,6 +25,7 @@ TOLERANCE = unpaired_latency_tolerance()
 TTFT_TOLERANCE = unpaired_latency_tolerance(first_token=True)
 
 
+@pytest.mark.gate_judges("latency")
 @pytest.mark.gate_profiles("quantization", reference="bf16")
 def test_quantized_latency(gate: Gate, quant_runs: QuantRuns, profile: Profile | None) -> None:
     """TTFT and TPOT samples; for a quantized run also the per-request TPOT ratio to bf16."""

@@ -24,6 +24,8 @@ from typing import Any
 
 from vramgate.core.answers import Outputs
 from vramgate.core.records import record_fields
+from vramgate.engine import diff_lines
+from vramgate.engine.diff_lines import DiffLines
 from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.memory_decision import MemoryDecision
 from vramgate.engine.spec import (
@@ -122,6 +124,9 @@ class EngineResult:
     """What it generated, on a recall model (Note [the same answer] in :mod:`vramgate.core.answers`): per request
     the tokens, their top-k logprobs and the task's expected answer; None on dummy weights (the JSON then has no
     ``outputs``)."""
+    diff: DiffLines | None = None
+    """Which of its profile's changed lines ran (Note [diff ran] in :mod:`vramgate.engine.diff_lines`); None where
+    the run did not watch them."""
 
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> EngineResult:
@@ -135,6 +140,8 @@ class EngineResult:
             fields["decision"] = MemoryDecision.from_json(fields["decision"], f"{where or 'result'}: decision")
         if fields.get("outputs") is not None:
             fields["outputs"] = Outputs.from_json(fields["outputs"], f"{where or 'result'}: outputs")
+        if fields.get("diff") is not None:
+            fields["diff"] = DiffLines.from_json(fields["diff"], f"{where or 'result'}: diff")
         prefix = f"{where}: " if where else ""
         for name, figures in (("kv", KVFigures), ("memory", MemoryFigures), ("scheduler", SchedulerFigures),
                               ("latency", LatencyFigures)):
@@ -153,8 +160,9 @@ class EngineResult:
         """The result as a JSON object (what :meth:`from_json` reads), with its schema; ``outputs`` only where
         there are some."""
         data = {"schema": ENGINE_RESULT_FORMAT.current,
-                **dataclasses.asdict(dataclasses.replace(self, outputs=None))}
+                **dataclasses.asdict(dataclasses.replace(self, outputs=None, diff=None))}
         del data["outputs"]
+        data["diff"] = self.diff.to_json() if self.diff is not None else None
         if self.outputs is not None:
             data["outputs"] = self.outputs.to_json()
         return data
@@ -243,6 +251,10 @@ def run_engine(
     cmd = [spec.python or engine_python(), "-m", "vramgate.engine.worker", str(spec_path), str(result_path)]
     start = time.monotonic()
     env = engine_process_env(spec, run_dir, extra_pythonpath, cache_root)
+    traced = spec.env.get(diff_lines.TRACE_ENV) == "1" and bool(extra_pythonpath)
+    if traced:  # Note [diff ran]: an untimed run of a profile's diff watches its lines
+        env.update(diff_lines.prepare(list(extra_pythonpath or []), run_dir))
+        preload = None  # a preloaded interpreter may hold vLLM's modules imported before the watch began
     proc = process.launch(cmd, log_path, env=env, cwd=run_dir, preload=preload)
     try:
         rc = process.wait_or_kill(proc, spec.timeout_s)  # the worker's own children (vLLM's engine core) go with it
@@ -270,6 +282,8 @@ def run_engine(
         ) from None
     result.timing["subprocess_wall_s"] = wall
     result.run_dir = str(run_dir)
+    if traced:
+        result.diff = diff_lines.lines_ran(run_dir, list(extra_pythonpath or []))
     return result
 
 

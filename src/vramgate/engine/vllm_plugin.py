@@ -41,6 +41,9 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point: install the memory hooks where the engine asked for them
     (Note [hooks in every rank]) and the CPU rotary kernel's layout (Note [CPU rotary layout] in
     :mod:`vramgate.engine.cpu_rope`); nothing elsewhere."""
+    from vramgate.engine import diff_lines
+
+    diff_lines.install()  # Note [diff ran]: nothing unless the run watches a profile's diff
     if os.environ.get(ROPE_LAYOUT_ENV) == "1":
         from vramgate.engine.cpu_rope import install as give_rope_layout
 

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from vramgate.core.answers import TOP_K
-from vramgate.engine import cpu_rope
+from vramgate.engine import cpu_rope, diff_lines
 from vramgate.engine.arguments import engine_kwargs
 from vramgate.engine.figures import KVFigures, LatencyFigures, MemoryFigures, SchedulerFigures
 from vramgate.engine.measure import (
@@ -346,6 +346,7 @@ def main(argv: list[str]) -> int:
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # Note [KV budget]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # Note [in-process engine]
     isa.apply_cap()  # Note [ISA cap]: before vLLM picks its kernel library
+    diff_lines.install()  # Note [diff ran]: before vLLM's modules run (nothing unless the run watches a diff)
     try:
         cpu_rope.install()  # Note [CPU rotary layout]: before the model runs (the ranks vLLM forks inherit it)
         if serving:

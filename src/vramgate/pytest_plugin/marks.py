@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from vramgate.core.verdicts import CHECKS
 from vramgate.machine.hardware import GPUInfo
 
 
@@ -79,8 +80,17 @@ def gate_inputs(*paths: str) -> tuple[str, ...]:
     return paths
 
 
+def gate_judges(check: str) -> str:
+    """This test settles CHECK (applies, answers, capacity, latency, leaks) for its 'profile' argument: each case
+    fills that profile's cell in the report's profile table (Note [profile verdict] in vramgate.core.verdicts)."""
+    if check not in CHECKS:
+        raise ValueError(f"check must be one of {', '.join(CHECKS)}, got {check!r}")
+    return check
+
+
 MARKERS: dict[str, Callable[..., object]] = {
     "gate_suite": gate_suite,
+    "gate_judges": gate_judges,
     "gate_inputs": gate_inputs,
     "gate_nightly": gate_nightly,
     "gate_reference": gate_reference,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from vramgate.core.verdicts import Judgement
 from vramgate.machine import hardware, isa
 from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
 from vramgate.pytest_plugin import hookspecs
@@ -26,6 +27,7 @@ from vramgate.pytest_plugin.hygiene import HygienePlugin
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
+from vramgate.pytest_plugin.verdicts import deselected_judgements, judgement_of
 from vramgate.pytest_plugin.worker_order import WorkerOrder
 from vramgate.runtime import engine_env, quiet
 from vramgate.store.baselines import BaselineError
@@ -263,9 +265,20 @@ class GatePlugin:
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, Any, None]:
-        """Check the metrics a test recorded once its call ends; fail it with one message when any falls short."""
+        """Check the metrics a test recorded once its call ends; fail it with one message when any falls short.
+        Keep what a ``gate_judges`` case found of its profile (Note [profile verdict])."""
         outcome = yield
         report: pytest.TestReport = outcome.get_result()
+        self._check_metrics(item, report)
+        judgement = judgement_of(item, report)
+        if judgement is not None:
+            self.session.judgements.append(judgement)
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """A deselected ``gate_judges`` case still names its cell: nightly, or left out (Note [profile verdict])."""
+        self.session.judgements += deselected_judgements(items, bool(self.session.options.affected))
+
+    def _check_metrics(self, item: pytest.Item, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
         recorder = item.stash.get(GATE_KEY, None)
@@ -329,7 +342,8 @@ class GatePlugin:
             from vramgate.pytest_plugin.transport import results_json
 
             workeroutput["vramgate"] = json.dumps({**results_json(gs.results, gs.claims, gs.written, gs.errors),
-                                                   "affected": gs.affected})
+                                                   "affected": gs.affected,
+                                                   "judgements": [j.to_json() for j in gs.judgements]})
             return
         if gs.baselines_ref and gs.active:
             from vramgate.store.moves import RefError, moved
@@ -341,7 +355,7 @@ class GatePlugin:
         problem = gs.version_problem()
         if problem:
             gs.errors.append(problem)
-        if gs.report_dir is not None and (gs.results or gs.claims or gs.moves or gs.affected):
+        if gs.report_dir is not None and (gs.results or gs.claims or gs.moves or gs.affected or gs.judgements):
             from vramgate.report import write_report
 
             try:
@@ -388,12 +402,14 @@ class GatePlugin:
         gs.results, gs.claims, gs.written, gs.errors = gs.results + results, gs.claims + claims, \
             gs.written + written, gs.errors + errors
         gs.affected = gs.affected or data.get("affected")
+        gs.judgements += [Judgement.from_json(j) for j in data.get("judgements") or []]
         gs.active = gs.active or bool(results or claims)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """The gate's section of the terminal summary."""
         gs = self.session
-        if not gs.results and not gs.errors and not gs.claims and not gs.moves and not gs.affected:
+        if not gs.results and not gs.errors and not gs.claims and not gs.moves and not gs.affected and (
+                not gs.judgements or self.config.option.collectonly):
             return
         from vramgate.report import terminal_summary
 

@@ -17,6 +17,7 @@ import pytest
 
 from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget, check_noise, leak_detail
 from vramgate.core.claims import ClaimVerdict
+from vramgate.core.verdicts import Judgement
 from vramgate.core.kinds import kind_rule
 from vramgate.core.metrics import Metric, relative_change
 from vramgate.core.provenance import Provenance
@@ -98,6 +99,8 @@ class GateSession:
         self._has_baselines: dict[str, bool] = {}
         self.results: list[NodeResult] = []
         self.claims: list[tuple[str, ClaimVerdict]] = []
+        self.judgements: list[Judgement] = []
+        """What each ``gate_judges`` case found of its profile (Note [profile verdict] in vramgate.core.verdicts)."""
         self.pending: dict[tuple[str, str], dict[str, NodeBaseline]] = {}
         """Baselines to write at the end: per (key, suite), the node ids' entries."""
         self._pending_gpus: dict[str, int] = {}
@@ -487,4 +490,12 @@ class GateSession:
             report_file=str(self.report_dir / "report.md") if self.report_dir and self.report_written else None,
             errors=list(self.errors),
             durations=dict(self.durations),
+            judgements=list(self.judgements),
+            profiles=self.profile_names() if self.judgements else [],
         )
+
+    def profile_names(self) -> list[str]:
+        """The project's profiles, each a row of the report's profile table (Note [profile verdict])."""
+        from vramgate.pytest_plugin.verdicts import project_profiles
+
+        return project_profiles(self.config.rootpath, self.errors)

@@ -83,6 +83,8 @@ def report_record(summary: Summary) -> Report:
         moved_baselines=summary.moved(),
         affected=AffectedFacts(summary.affected) if summary.affected is not None else None,
         durations={k: round(v, 3) for k, v in sorted(summary.durations.items())},
+        profiles=sorted(summary.profiles),
+        judgements=sorted(summary.judgements, key=lambda j: (j.profile, j.check, j.test, j.state)),
     )
 
 
@@ -120,6 +122,9 @@ def merge_reports(parts: list[Any], names: list[str] | None = None) -> Report:
         baselines_written=sorted({b for p in reports for b in p.baselines_written}),
         moved_baselines=_merge_moved([p.moved_baselines for p in reports]),
         durations=dict(sorted({k: v for p in reports for k, v in p.durations.items()}.items())),
+        profiles=sorted({name for p in reports for name in p.profiles}),
+        judgements=sorted((j for p in reports for j in p.judgements),
+                          key=lambda j: (j.profile, j.check, j.test, j.state)),
     )
 
 

@@ -25,6 +25,7 @@ from vramgate.core.records import read_json
 from vramgate.report.chart import Bar, by_suite, changed_bars, is_changed, metric_kinds, short_label
 from vramgate.report.svg import PALETTE, Line, bar_chart, line_chart, slope_chart
 from vramgate.report.table import HEAD, cells, sorted_rows
+from vramgate.report.verdict_table import html_lines
 from vramgate.store.report_files import Claim, Report, ReportError, Row, as_report
 
 #: The most bars of one suite's chart of changes, and the most lines of one suite's history chart.
@@ -55,6 +56,10 @@ pre { background: #f6f8fa; padding: 10px; overflow-x: auto; font-size: 12px; bor
 .note { color: #57606a; font-size: 13px; } nav a { margin-right: 12px; } svg { display: block; margin: 6px 0; }
 code { font-size: 12px; } .mismatch { color: #9a6700; font-weight: 600; }
 .columns { display: flex; gap: 64px; flex-wrap: wrap; } summary { cursor: pointer; }
+table.profiles td { text-align: center; } table.profiles td:first-child { text-align: left; }
+table.profiles td.failed { background: #ffebe9; } table.profiles td.passed { background: #dafbe1; }
+table.profiles tr.failed td:first-child { background: #ffebe9; } ol.notes { font-size: 13px; color: #57606a; }
+.legend { font-size: 13px; color: #57606a; }
 """
 
 
@@ -135,7 +140,7 @@ def load_history(path: Path) -> list[dict[str, Any]]:
 
 
 def _status(report: Report, rows: list[Row]) -> tuple[str, str]:
-    if any(r.failed for r in rows):
+    if any(r.failed for r in rows) or any(p.failed for p in report.profile_rows()):
         return "regression", "fail"
     if report.moved:
         return "pass, with moved baselines", "warn"
@@ -326,6 +331,7 @@ def html_page(data: Report | dict[str, Any], history: list[Series] | list[dict[s
            f"<title>vramgate report: {escape(str(report.hardware.key or '?'))}</title>",
            f"<style>{CSS}</style></head><body>"]
     out += _header(report, rows, bars)
+    out += html_lines(report.profile_rows())
     out.append("<nav>" + " ".join(f'<a href="#suite-{escape(s)}">{escape(s)}</a>' for s in suites) + "</nav>")
     out += _claims(report)
     out += _failing(report)

@@ -12,6 +12,7 @@ from typing import Any
 from vramgate.report.chart import changed_bars
 from vramgate.report.mermaid import mermaid_section
 from vramgate.report.summary import accept_command, affected_line
+from vramgate.report.verdict_table import markdown_lines
 from vramgate.report.table import HEAD, cells, coverage_lines, moved_cells, sorted_rows
 from vramgate.store.report_files import Report, as_report
 
@@ -29,8 +30,9 @@ def markdown(data: Report | dict[str, Any], plot: str | None) -> str:
     report = as_report(data)
     rows = report.rows()
     failed = [r for r in rows if r.failed]
+    profiles = report.profile_rows()
     moved = report.moved_baselines
-    status = "❌ regression" if failed else "⚠️ pass, with moved baselines" if report.moved else "✅ pass"
+    status = "❌ regression" if failed or any(p.failed for p in profiles) else "⚠️ pass, with moved baselines" if report.moved else "✅ pass"
     hw = report.hardware
     out = [
         f"## vramgate: {status}",
@@ -39,6 +41,7 @@ def markdown(data: Report | dict[str, Any], plot: str | None) -> str:
         f"{len(report.tests)} test(s) · {len(rows)} metric(s) · {len(failed)} failing",
         "",
     ]
+    out += markdown_lines(profiles)
     for line in coverage_lines(rows, report.accept_args, hw.tier or "?", hw.key or "?"):
         out += [f"> **{line[3:]}**" if line.startswith("!!") else line, ""]
     affected = affected_line(report.affected)

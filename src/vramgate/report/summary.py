@@ -122,6 +122,10 @@ class Summary:
     errors: list[str] = field(default_factory=list)
     durations: dict[str, float] = field(default_factory=dict)
     """Seconds per test (setup, call and teardown) of every test run (Note [longest first])."""
+    judgements: list[Judgement] = field(default_factory=list)
+    """What each ``gate_judges`` case found of its profile (Note [profile verdict] in vramgate.core.verdicts)."""
+    profiles: list[str] = field(default_factory=list)
+    """The project's profiles: a row each in the profile table (with any other a judgement names)."""
 
     def mismatch_lines(self) -> list[str]:
         """Every version mismatch of every test, each once, in the order first seen."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from vramgate.core.metrics import format_change, format_value
 from vramgate.core.paired import TOO_NOISY, paired_rule
+from vramgate.core.verdicts import profile_rows
 from vramgate.report.summary import (
     ACCEPTABLE,
     Hardware,
@@ -17,6 +18,7 @@ from vramgate.report.summary import (
     verdict_rank,
 )
 from vramgate.report.table import coverage_lines, moved_lines, rows_of, sorted_rows, text_table
+from vramgate.report.verdict_table import terminal_lines
 from vramgate.store.report_files import AffectedFacts
 
 
@@ -97,6 +99,9 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
     affected = affected_line(AffectedFacts(summary.affected) if summary.affected is not None else None)
     if affected:
         tr.write_line(affected, yellow=True)
+    for line in terminal_lines(profile_rows(summary.profiles, summary.judgements) if summary.judgements else [],
+                               verbose):
+        tr.write_line(line, red=" FAIL" in line or line.startswith("  [") and "failed by" in line)
     for nodeid, claim in sorted(summary.claims, key=lambda c: (c[0], c[1].statement)):
         mark = claim.verdict.upper()
         tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=claim.judged and not claim.held)

@@ -24,6 +24,7 @@ from vramgate.core.checks import Untrusted, Verdict, verdict_text
 from vramgate.core.metrics import Metric
 from vramgate.core.paired import TOO_NOISY
 from vramgate.core.records import RecordFormat
+from vramgate.core.verdicts import Judgement, ProfileRow, profile_rows
 from vramgate.store.baselines import BaselineError, parse_metric
 
 
@@ -42,9 +43,16 @@ def _untrusted_reasons(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "tests": tests} if "tests" in data else data
 
 
+def _profile_table(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 -> 3: the profile table's data (Note [profile verdict] in :mod:`vramgate.core.verdicts`): the
+    project's ``profiles`` and each judging case's ``judgements``; a report written before had none."""
+    return {**data, "profiles": [], "judgements": []}
+
+
 #: ``report.json``'s format (Note [versioned records] in :mod:`vramgate.core.records`): what the report layer
 #: writes and every reader loads through :func:`check_report`. Schema 2: each metric's ``untrusted`` reason.
-REPORT_FORMAT = RecordFormat("report.json", current=2, migrations={1: _untrusted_reasons})
+#: Schema 3: the profiles and their judgements.
+REPORT_FORMAT = RecordFormat("report.json", current=3, migrations={1: _untrusted_reasons, 2: _profile_table})
 
 #: The verdicts a report's metric may hold.
 VERDICTS: frozenset[str] = frozenset(get_args(Verdict))
@@ -328,6 +336,10 @@ class Report:
     affected: AffectedFacts | None = None
     """``--gate-affected``'s facts (:attr:`vramgate.report.summary.Summary.affected`); None without it."""
     durations: dict[str, float] = field(default_factory=dict)
+    profiles: list[str] = field(default_factory=list)
+    """The project's profiles (Note [profile verdict] in :mod:`vramgate.core.verdicts`): a row each."""
+    judgements: list[Judgement] = field(default_factory=list)
+    """What each ``gate_judges`` case found of its profile."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys of the data the gate does not write itself (a CI's ``commit`` and ``date``), kept as they are."""
 
@@ -340,6 +352,10 @@ class Report:
         """The version of *name* (``vllm``, ``torch``, ...) the run recorded; None where it did not."""
         value = self.software.get(name)
         return str(value) if value else None
+
+    def profile_rows(self) -> list[ProfileRow]:
+        """The profile table: one row per profile, a cell per check (empty when no test judged a profile)."""
+        return profile_rows(self.profiles, self.judgements) if self.judgements else []
 
     def rows(self) -> list[Row]:
         """Every test's table rows, test by test."""
@@ -368,6 +384,8 @@ class Report:
             "moved_baselines": self.moved_baselines.to_json() if self.moved_baselines else None,
             **({"affected": self.affected.data} if self.affected is not None else {}),
             "durations": dict(self.durations),
+            "profiles": list(self.profiles),
+            "judgements": [j.to_json() for j in self.judgements],
         }
 
 
@@ -397,7 +415,7 @@ class ReportMetric:
 #: The keys of report data :class:`Report` reads into its fields (the others are kept in :attr:`Report.extra`).
 _KNOWN = frozenset({"schema", "hardware", "software", "missing_policy", "update", "accept_args",
                     "version_mismatches", "tests", "claims", "baselines_written", "moved_baselines", "affected",
-                    "durations"})
+                    "durations", "profiles", "judgements"})
 
 
 class ReportError(ValueError):
@@ -499,6 +517,12 @@ class _Reader:
         return Claim(raw["test"], raw["statement"], bool(raw.get("held")), str(raw.get("evidence", "")),
                      str(raw.get("source") or ""), bool(raw.get("judged", True)))
 
+    def judgement(self, raw: Any) -> Judgement:
+        try:
+            return Judgement.from_json(raw)
+        except ValueError as exc:
+            raise self.error(f"{self.source}: judgements: {exc}") from None
+
     def moved(self, raw: Any) -> MovedBaselines | None:
         if raw is None:
             return None
@@ -538,6 +562,8 @@ def read_report(data: Any, source: str, error: Error) -> Report:
         moved_baselines=reader.moved(raw.get("moved_baselines")),
         affected=AffectedFacts(affected) if isinstance(affected, dict) else None,
         durations=dict(raw.get("durations") or {}),
+        profiles=[str(p) for p in raw.get("profiles") or []],
+        judgements=[reader.judgement(j) for j in raw.get("judgements") or []],
         extra={k: v for k, v in raw.items() if k not in _KNOWN},
     )
 

@@ -39,6 +39,7 @@ from vramgate.engine import (
     run_engine,
     validate,
 )
+from vramgate.engine.diff_lines import TRACE_ENV
 from vramgate.engine.measure import PLANT_CANDIDATE_DELAY_ENV, PLANT_DELAY_ENV, planted_fraction
 from vramgate.engine.paired import RoundAnswers
 from vramgate.machine.probes import memory_history
@@ -48,6 +49,7 @@ from vramgate.runtime.engine_env import EngineEnv
 from vramgate.testing.answers import check_round_answers
 
 __all__ = [
+    "TRACE_ENV",
     "FIRST_TOKEN_TOLERANCE",
     "KV_TOO_SMALL",
     "PRESSURE_SPEC",

@@ -28,9 +28,11 @@ from vramgate.profiles import (
     requirement_problem,
 )
 from vramgate.pytest_plugin.affected import TestInput
+from vramgate.pytest_plugin.verdicts import DIFF_LINES_PROPERTY
 
 __all__ = [
     "ARGNAME",
+    "DIFF_LINES_PROPERTY",
     "MARKER_HELP",
     "PatchError",
     "Profile",
