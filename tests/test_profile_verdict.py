@@ -4,9 +4,14 @@ cell, decided by the ``gate_judges`` cases that ran, or saying why none did; and
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,12 +97,11 @@ def test_judgements_read_back_and_bad_ones_are_refused() -> None:
 
 # -- the report ----------------------------------------------------------------------------------------------------
 
-def _report(judgements: list[Judgement]) -> dict:
+def _report(judgements: list[Judgement]) -> dict[str, Any]:
     from report_samples import summary
-
     from vramgate.report.data import report_data
 
-    return report_data(__import__("dataclasses").replace(summary(), judgements=judgements, profiles=["a", "b"]))
+    return report_data(dataclasses.replace(summary(), judgements=judgements, profiles=["a", "b"]))
 
 
 def test_the_report_opens_with_the_profiles_and_a_failed_cell_fails_it() -> None:
@@ -130,7 +134,7 @@ def test_a_report_of_schema_2_reads_with_an_empty_profile_table() -> None:
     report = read_report(data, "old.json", ReportError)
     assert report.profiles == [] and report.judgements == [] and report.profile_rows() == []
     bad = {**_report([]), "judgements": [{"profile": "a"}]}
-    with pytest.raises(ReportError, match="old.json: judgements: a judgement needs a non-empty 'check'"):
+    with pytest.raises(ReportError, match=r"old\.json: judgements: a judgement needs a non-empty 'check'"):
         read_report(bad, "old.json", ReportError)
 
 
@@ -244,9 +248,6 @@ def test_an_overlays_patched_files_are_found_against_the_installed_ones(tmp_path
 def test_the_watch_in_an_engine_process_records_each_line_once(tmp_path: Path) -> None:
     """A real interpreter with the watch installed (as the worker and the vLLM plugin install it) runs a patched
     module: the lines that ran are written, once each; the one that did not, not."""
-    import subprocess
-    import sys
-
     from vramgate.engine import diff_lines
 
     pkg = tmp_path / "site" / "pkg"
@@ -263,8 +264,6 @@ def test_the_watch_in_an_engine_process_records_each_line_once(tmp_path: Path) -
     code = ("from vramgate.engine import diff_lines; diff_lines.install(); import threading\n"
             "from pkg import m\nfor _ in range(3): m.f(1)\nt = threading.Thread(target=m.f, args=(1,)); t.start(); "
             "t.join()\n")
-    import os
-
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path,
                    env={**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(overlay), *sys.path])})
     found = diff_lines.lines_ran(run_dir, [overlay])

@@ -49,10 +49,12 @@ class DiffLines:
 
     @property
     def changed_count(self) -> int:
+        """How many changed lines with code the diff has."""
         return sum(len(v) for v in self.changed.values())
 
     @property
     def ran_count(self) -> int:
+        """How many of them ran."""
         return sum(len(v) for v in self.ran.values())
 
     def describe(self) -> str:
@@ -70,11 +72,13 @@ class DiffLines:
                 f"in this run on the {tier} tier")
 
     def to_json(self) -> dict[str, Any]:
+        """The lines as JSON data (what :meth:`from_json` reads)."""
         return {"changed": {k: list(v) for k, v in self.changed.items()},
                 "ran": {k: list(v) for k, v in self.ran.items()}}
 
     @classmethod
     def from_json(cls, data: Any, where: str = "diff lines") -> DiffLines:
+        """The lines in *data*; ``TypeError`` naming *where* when it is not such an object."""
         if not isinstance(data, dict) or not isinstance(data.get("changed"), dict) or \
                 not isinstance(data.get("ran"), dict):
             raise TypeError(f"{where}: must be an object with 'changed' and 'ran'")
@@ -188,7 +192,7 @@ def install() -> None:
     if not watch:
         return
     lock = threading.Lock()
-    out = open(ran_file, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life, flushed per line
+    out = open(ran_file, "a", encoding="utf-8")
 
     def local(frame: types.FrameType, event: str, arg: Any) -> Any:
         if event == "line":

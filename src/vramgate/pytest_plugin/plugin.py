@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from vramgate.core.verdicts import Judgement
 from vramgate.machine import hardware, isa
 from vramgate.machine.probes.memory_history import MEMORY_HISTORY_ENV
 from vramgate.pytest_plugin import hookspecs
@@ -27,7 +26,7 @@ from vramgate.pytest_plugin.hygiene import HygienePlugin
 from vramgate.pytest_plugin.marks import HARDWARE_MARKERS, MARKERS, HardwareNeed, marker_help, marker_value
 from vramgate.pytest_plugin.options import add_options
 from vramgate.pytest_plugin.session import GateSession, NodeResult
-from vramgate.pytest_plugin.verdicts import deselected_judgements, judgement_of
+from vramgate.pytest_plugin.verdicts import VerdictPlugin
 from vramgate.pytest_plugin.worker_order import WorkerOrder
 from vramgate.runtime import engine_env, quiet
 from vramgate.store.baselines import BaselineError
@@ -88,7 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
         # the gate fails it for its metrics.
         hygiene = HygienePlugin(lambda: session.active, session.options.engine_fixtures)
         config.pluginmanager.register(hygiene, f"{SESSION_NAME}-hygiene")
-    config.pluginmanager.register(GatePlugin(session), f"{SESSION_NAME}-hooks")
+    for name, plugin in (("hooks", GatePlugin(session)), ("verdicts", VerdictPlugin(session))):
+        config.pluginmanager.register(plugin, f"{SESSION_NAME}-{name}")
     if session.options.durations is not None and hasattr(config, "workerinput"):
         config.pluginmanager.register(WorkerOrder(session.options.durations), f"{SESSION_NAME}-order")
 
@@ -265,20 +265,9 @@ class GatePlugin:
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, Any, None]:
-        """Check the metrics a test recorded once its call ends; fail it with one message when any falls short.
-        Keep what a ``gate_judges`` case found of its profile (Note [profile verdict])."""
+        """Check the metrics a test recorded once its call ends; fail it with one message when any falls short."""
         outcome = yield
         report: pytest.TestReport = outcome.get_result()
-        self._check_metrics(item, report)
-        judgement = judgement_of(item, report)
-        if judgement is not None:
-            self.session.judgements.append(judgement)
-
-    def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        """A deselected ``gate_judges`` case still names its cell: nightly, or left out (Note [profile verdict])."""
-        self.session.judgements += deselected_judgements(items, bool(self.session.options.affected))
-
-    def _check_metrics(self, item: pytest.Item, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
         recorder = item.stash.get(GATE_KEY, None)
@@ -342,8 +331,7 @@ class GatePlugin:
             from vramgate.pytest_plugin.transport import results_json
 
             workeroutput["vramgate"] = json.dumps({**results_json(gs.results, gs.claims, gs.written, gs.errors),
-                                                   "affected": gs.affected,
-                                                   "judgements": [j.to_json() for j in gs.judgements]})
+                                                   "affected": gs.affected})
             return
         if gs.baselines_ref and gs.active:
             from vramgate.store.moves import RefError, moved
@@ -387,10 +375,7 @@ class GatePlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """xdist's controller: take a finished worker's findings.
-
-        Note [xdist] in :mod:`vramgate.pytest_plugin.transport`.
-        """
+        """xdist's controller: take a finished worker's findings (Note [xdist] in vramgate.pytest_plugin.transport)."""
         text = getattr(node, "workeroutput", {}).get("vramgate")
         if not text:
             return
@@ -402,14 +387,12 @@ class GatePlugin:
         gs.results, gs.claims, gs.written, gs.errors = gs.results + results, gs.claims + claims, \
             gs.written + written, gs.errors + errors
         gs.affected = gs.affected or data.get("affected")
-        gs.judgements += [Judgement.from_json(j) for j in data.get("judgements") or []]
         gs.active = gs.active or bool(results or claims)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """The gate's section of the terminal summary."""
         gs = self.session
-        if not gs.results and not gs.errors and not gs.claims and not gs.moves and not gs.affected and (
-                not gs.judgements or self.config.option.collectonly):
+        if not (gs.results or gs.errors or gs.claims or gs.moves or gs.affected or gs.judgements):
             return
         from vramgate.report import terminal_summary
 

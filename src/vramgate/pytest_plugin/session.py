@@ -17,10 +17,10 @@ import pytest
 
 from vramgate.core.checks import Finding, Verdict, check_baseline, check_budget, check_noise, leak_detail
 from vramgate.core.claims import ClaimVerdict
-from vramgate.core.verdicts import Judgement
 from vramgate.core.kinds import kind_rule
 from vramgate.core.metrics import Metric, relative_change
 from vramgate.core.provenance import Provenance
+from vramgate.core.verdicts import Judgement
 from vramgate.machine import hardware, speed
 from vramgate.machine.software import git_commit, now_utc, software_versions, version_mismatches
 from vramgate.pytest_plugin.fixture import Gate

@@ -3,6 +3,8 @@ one per case that ran, was skipped or was deselected, for the report's profile t
 
 from __future__ import annotations
 
+import json
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -15,6 +17,8 @@ MARK = "gate_judges"
 #: The user property a judging case sets to ``(lines ran, lines changed)`` when its run watched the profile's diff
 #: (Note [diff ran] in vramgate.engine.diff_lines).
 DIFF_LINES_PROPERTY = "vramgate.diff_lines"
+#: The key of an xdist worker's ``workeroutput`` that holds its judgements.
+OUTPUT_KEY = "vramgate_judgements"
 
 
 def judged_profile(item: pytest.Item) -> tuple[str, str] | None:
@@ -87,3 +91,38 @@ def project_profiles(root: Any, errors: list[str]) -> list[str]:
     except (ProfileError, OSError) as exc:
         errors.append(f"the profile table lists only the profiles its tests ran: {exc}")
         return []
+
+
+class VerdictPlugin:
+    """The hooks that keep each ``gate_judges`` case's judgement in the session (Note [profile verdict])."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: after the gate's metrics may have failed the test
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+        """Keep the judgement of each phase's report of a judging case."""
+        outcome = yield
+        judgement = judgement_of(item, outcome.get_result())
+        if judgement is not None:
+            self.session.judgements.append(judgement)
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """A deselected case still names its cell: nightly, or left out (nothing under ``--collect-only``)."""
+        if items and not items[0].config.option.collectonly:
+            self.session.judgements += deselected_judgements(items, bool(self.session.options.affected))
+
+    @pytest.hookimpl(tryfirst=True)  # before the gate's own, which reports from the session's judgements
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """An xdist worker hands its judgements to the controller (Note [xdist] in
+        :mod:`vramgate.pytest_plugin.transport`), beside its findings."""
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[OUTPUT_KEY] = json.dumps([j.to_json() for j in self.session.judgements])
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist's controller: take a finished worker's judgements."""
+        text = getattr(node, "workeroutput", {}).get(OUTPUT_KEY)
+        if text:
+            self.session.judgements += [Judgement.from_json(j) for j in json.loads(text)]

@@ -12,8 +12,8 @@ from typing import Any
 from vramgate.report.chart import changed_bars
 from vramgate.report.mermaid import mermaid_section
 from vramgate.report.summary import accept_command, affected_line
-from vramgate.report.verdict_table import markdown_lines
 from vramgate.report.table import HEAD, cells, coverage_lines, moved_cells, sorted_rows
+from vramgate.report.verdict_table import markdown_lines
 from vramgate.store.report_files import Report, as_report
 
 #: How a claim's verdict reads in ``report.md``.
@@ -32,7 +32,8 @@ def markdown(data: Report | dict[str, Any], plot: str | None) -> str:
     failed = [r for r in rows if r.failed]
     profiles = report.profile_rows()
     moved = report.moved_baselines
-    status = "❌ regression" if failed or any(p.failed for p in profiles) else "⚠️ pass, with moved baselines" if report.moved else "✅ pass"
+    regression = failed or any(p.failed for p in profiles)
+    status = "❌ regression" if regression else "⚠️ pass, with moved baselines" if report.moved else "✅ pass"
     hw = report.hardware
     out = [
         f"## vramgate: {status}",

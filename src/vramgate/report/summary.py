@@ -14,6 +14,7 @@ from typing import Any
 from vramgate.core.checks import Finding
 from vramgate.core.claims import ClaimVerdict
 from vramgate.core.kinds import kind_rule
+from vramgate.core.verdicts import Judgement
 from vramgate.store.moves import Move
 from vramgate.store.report_files import AffectedFacts, MovedBaselines
 

@@ -101,7 +101,7 @@ def terminal_summary(summary: Summary, tr: Any, verbose: bool = False) -> None:
         tr.write_line(affected, yellow=True)
     for line in terminal_lines(profile_rows(summary.profiles, summary.judgements) if summary.judgements else [],
                                verbose):
-        tr.write_line(line, red=" FAIL" in line or line.startswith("  [") and "failed by" in line)
+        tr.write_line(line, red=" FAIL" in line or (line.startswith("  [") and "failed by" in line))
     for nodeid, claim in sorted(summary.claims, key=lambda c: (c[0], c[1].statement)):
         mark = claim.verdict.upper()
         tr.write_line(f"claim {mark}: {claim.statement}", green=claim.held, red=claim.judged and not claim.held)

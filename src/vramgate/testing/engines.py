@@ -49,7 +49,6 @@ from vramgate.runtime.engine_env import EngineEnv
 from vramgate.testing.answers import check_round_answers
 
 __all__ = [
-    "TRACE_ENV",
     "FIRST_TOKEN_TOLERANCE",
     "KV_TOO_SMALL",
     "PRESSURE_SPEC",
@@ -59,6 +58,7 @@ __all__ = [
     "SMALL_RUN_BLOCK_SIZE",
     "SMALL_RUN_BLOCK_SIZE_AMX",
     "SMALL_RUN_BUDGET_GIB",
+    "TRACE_ENV",
     "UNPAIRED_LATENCY_TOLERANCE",
     "Engine",
     "EngineEnv",
