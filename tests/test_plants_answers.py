@@ -172,3 +172,55 @@ def test_the_numerics_plants_fail_exactly_on_the_recall_models_they_touch(vllm_e
     for arch in ARCHS:
         text = _failure_text(cases[f"test_profile_answers[plant-logit-scale-{arch}]"])
         assert "requests identical: 61 of 61" in text and "beyond it at request" in text, (arch, text)
+
+
+# -- the profile verdict: every profile judged on every check, whatever its suites ------------------------------------
+
+#: The plants of the profile verdict (Note [profile verdict] in vramgate.core.verdicts).
+VERDICT_PLANTS = ("plant-numerics-latency", "plant-cuda-only", "plant-kv-oversize")
+
+
+@pytest.mark.skipif(SOURCE is None, reason=f"no vLLM {VLLM_VERSION} source: tox -e unit fetches it "
+                                           "(scripts/vllm_sources.py)")
+@pytest.mark.parametrize("name", VERDICT_PLANTS)
+def test_the_verdict_plants_apply_to_the_pinned_release(name: str) -> None:
+    assert SOURCE is not None
+    profile = load_profile(ROOT / "tests" / "data" / "profiles" / name)
+    notes: list[str] = []
+    files = patched_files(profile, SOURCE, VLLM_VERSION, notes)
+    assert notes == [], notes
+    for rel, text in files.items():
+        compile(text, rel, "exec")
+
+
+def test_every_profile_is_judged_on_every_check_whatever_its_suites(vllm_env: Path, pytester: pytest.Pytester) -> None:
+    """The pre-merge set of the answers, capacity, latency and applies checks with three plants as the only profiles,
+    each failing exactly its check: a numerics change whose manifest names only ``latency`` fails on its answers; a
+    change that makes vLLM's CPU worker size its KV cache past the memory, naming no suite, fails on capacity (its
+    answers run, with a KV budget, never reaches the line: not judged there); a change to a CUDA-only backend passes
+    nothing silently on CPU (its answers and capacity read "not judged here", its row is not safe)."""
+    project = _project(pytester, "answers", VERDICT_PLANTS)
+    for suite in ("latency", "pressure", "block_manager", "serving_capacity"):
+        shutil.copytree(ROOT / "suites" / suite, project.path / "suites" / suite)
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "suites/answers", "suites/latency/test_paired_latency.py",
+        "suites/serving_capacity/test_profile_capacity.py",
+        "suites/block_manager/test_profiles_apply.py::test_profile_applies", "-m", "not gate_nightly",
+        "--gate-missing", "record", "--gate-report", "out", timeout=3600)
+    out = result.stdout.str()
+    report = json.loads((project.path / "out" / "report.json").read_text())
+    states = {(j["profile"], j["check"]): j["state"] for j in report["judgements"]}
+    reasons = {(j["profile"], j["check"]): j["reason"] for j in report["judgements"]}
+    numerics, cuda, oversize = VERDICT_PLANTS
+    expected = {
+        numerics: {"applies": "passed", "answers": "failed", "capacity": "passed", "latency": "passed"},
+        oversize: {"applies": "passed", "answers": "not judged", "capacity": "failed", "latency": "passed"},
+        cuda: {"applies": "passed", "answers": "not judged", "capacity": "not judged", "latency": "passed"},
+    }
+    found = {name: {check: states.get((name, check)) for check in checks} for name, checks in expected.items()}
+    assert found == expected, out[-4000:]
+    for check in ("answers", "capacity"):
+        assert reasons[(cuda, check)].startswith("not judged here: none of the profile's"), reasons
+    md = (project.path / "out" / "report.md").read_text()
+    assert f"| `{numerics}` | ❌ regression |" in md and f"| `{oversize}` | ❌ regression |" in md, md[:3000]
+    assert f"| `{cuda}` | ⚠️ partly judged |" in md, md[:3000]

@@ -19,12 +19,20 @@ import pytest
 from vramgate import Gate
 from vramgate.testing import Engine, ModelLoader
 from vramgate.testing.answers import check_answers
-from vramgate.testing.engines import RECALL_MODELS, TRACE_ENV, engine_tier, recall_judging_spec
+from vramgate.testing.engines import (
+    RECALL_MODELS,
+    TRACE_ENV,
+    capacity_probe_spec,
+    capacity_spec,
+    engine_tier,
+    recall_judging_spec,
+)
 from vramgate.testing.profiles import DIFF_LINES_PROPERTY, Profile, runnable_candidate, skip_unmet
 
-#: Pre-merge (tox -e cpu): every profile on the grouped-query Llama, whose unpatched run the pre-merge set has
-#: already (suites/pressure/test_recall_models.py): one engine run per profile. The plain Llama and the MLA model
-#: run in the full gate (tox -e cpu-full, nightly), one engine run per profile each.
+#: Pre-merge (tox -e cpu): every profile on the grouped-query Llama, in the capacity check's engine runs (the KV cache
+#: vLLM sizes itself, filled by the judging prompts: preemptions included): one engine run per profile serves both.
+#: The plain Llama and the MLA model run in the full gate (tox -e cpu-full, nightly), one engine run per profile each,
+#: at the small runs' KV budget.
 PRE_MERGE_ARCH = "llama-gqa"
 ARCHS = [arch if arch == PRE_MERGE_ARCH else
          pytest.param(arch, marks=pytest.mark.gate_nightly(
@@ -43,7 +51,10 @@ def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, p
     if profile.checkpoint is not None:
         pytest.skip(f"profile {profile.name} quantizes the model: the quantization suite judges its answers on its "
                     "own checkpoints (suites/quantization/test_accuracy.py)")
-    spec = recall_judging_spec(arch)
+    # Pre-merge, the runs are the capacity check's (suites/serving_capacity/test_profile_capacity.py): one engine
+    # start judges both, with the KV cache vLLM sized itself filled and preempting (Note [full KV cache]).
+    spec = (capacity_spec(arch, engine.run(capacity_probe_spec(arch))) if arch == PRE_MERGE_ARCH
+            else recall_judging_spec(arch))
     use_mla = model_shape(spec.model).use_mla
     backend = str(profile.engine_args.get("attention_backend", ""))
     if backend and ("MLA" in backend.upper()) != use_mla:

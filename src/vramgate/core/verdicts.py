@@ -177,20 +177,23 @@ def fold(cases: list[Judgement], check: str = "") -> Cell:
     def reasons(js: Iterable[Judgement]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(j.reason for j in js if j.reason))
 
+    def others(js: list[Judgement]) -> tuple[str, ...]:
+        nightly = sum(1 for j in js if j.state == "nightly")
+        return reasons(j for j in js if j.state != "nightly") + (
+            (f"{nightly} more case(s) judged nightly (tox -e cpu-full)",) if nightly else ())
+
     failed = [j for j in cases if j.state == "failed"]
     passed = [j for j in cases if j.state == "passed"]
     if failed:
         return Cell("failed", reasons(failed), tuple(j.test for j in failed), len(cases) - len(failed) - len(passed))
     if passed:
-        return Cell("passed", reasons(j for j in cases if j.state != "passed"), tuple(j.test for j in passed),
+        return Cell("passed", others([j for j in cases if j.state != "passed"]), tuple(j.test for j in passed),
                     len(cases) - len(passed))
     if not cases:
         return Cell("not judged", (UNCOVERED.get(check, "no test of this check ran for it"),))
     if all(j.state == "nightly" for j in cases):
         return Cell("nightly", reasons(cases), tuple(j.test for j in cases))
-    return Cell("not judged", reasons(j for j in cases if j.state != "nightly")
-                + tuple(f"nightly: {r}" for r in reasons(j for j in cases if j.state == "nightly")),
-                tuple(j.test for j in cases))
+    return Cell("not judged", others(cases), tuple(j.test for j in cases))
 
 
 #: The "diff ran" cell's reason where no run watched the profile's diff.

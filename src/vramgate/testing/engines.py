@@ -49,6 +49,7 @@ from vramgate.runtime.engine_env import EngineEnv
 from vramgate.testing.answers import check_round_answers
 
 __all__ = [
+    "CAPACITY_KV_TOKENS",
     "FIRST_TOKEN_TOLERANCE",
     "KV_TOO_SMALL",
     "PRESSURE_SPEC",
@@ -68,6 +69,8 @@ __all__ = [
     "PairedEngines",
     "SpecError",
     "backend_problem",
+    "capacity_probe_spec",
+    "capacity_spec",
     "confirmed_rounds",
     "cpu_backend_problem",
     "engine_tier",
@@ -182,6 +185,39 @@ def recall_judging_spec(arch: str) -> EngineSpec:
     like = "tiny-deepseek-v2" if arch.startswith("deepseek") else "tiny-llama"
     return EngineSpec(model=RECALL_MODELS[arch], workload="recall-judging", requests=RECALL_JUDGING_REQUESTS,
                       block_size=small_run_block_size(like), max_model_len=2048, kv_budget_gib=SMALL_RUN_BUDGET_GIB)
+
+
+#: The capacity check's serving configuration (Note [full KV cache]): the memory of the grouped-query recall Llama's
+#: engine after its warm-up plus this many tokens of KV cache, about half of what its judging prompts need with their
+#: answers (56,743 tokens), so that they fill it and preempt.
+CAPACITY_KV_TOKENS = 24_576
+#: The probe that finds that memory: vLLM sizes the KV cache itself at this much (CPU) ...
+CAPACITY_PROBE_CPU_MEMORY = 3 << 29
+#: ... or this utilization of the device (GPU).
+CAPACITY_PROBE_GPU_UTILIZATION = 0.5
+
+
+def capacity_probe_spec(arch: str) -> EngineSpec:
+    """The recall model *arch* answering its judging prompts with the KV cache left to vLLM (no budget), at a
+    memory where it is far from full: the run whose non-KV memory :func:`capacity_spec` builds on."""
+    base = recall_judging_spec(arch).replace(kv_budget_gib=None)
+    if engine_tier() == "cpu":
+        return base.replace(cpu_memory_bytes=CAPACITY_PROBE_CPU_MEMORY)
+    return base.replace(gpu_memory_utilization=CAPACITY_PROBE_GPU_UTILIZATION)
+
+
+def capacity_spec(arch: str, probe: EngineResult) -> EngineSpec:
+    """Note [full KV cache]: the serving configuration whose KV cache vLLM sizes at about
+    :data:`CAPACITY_KV_TOKENS` (the *probe*'s non-KV memory plus that many tokens' bytes), so that the judging prompts
+    fill it: the KV cache a profile makes vLLM give itself, and the engine's peak with that cache full."""
+    decision = probe.decision
+    if decision is None:
+        raise SpecError(f"the capacity probe of {arch} ran with a KV budget: it has no memory decision of vLLM's")
+    kv = CAPACITY_KV_TOKENS * probe.kv.bytes_per_token
+    base = recall_judging_spec(arch).replace(kv_budget_gib=None)
+    if engine_tier() == "cpu":
+        return base.replace(cpu_memory_bytes=decision.non_kv_bytes + kv)
+    return base.replace(gpu_memory_utilization=round(decision.utilization_for(kv), 6))
 
 
 def tensor_parallel_spec(spec: EngineSpec, tp: int) -> tuple[EngineSpec, str | None]:
