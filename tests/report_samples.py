@@ -43,7 +43,7 @@ def _noisy() -> Metric:
                   samples=[1.3, 0.57, 2.29, 0.75, 1.56, 0.47], paired=pair)
 
 
-def summary(*, shift: float = 1.0) -> Summary:
+def summary(*, shift: float = 1.0, verdicts: bool = True) -> Summary:
     """The rich run; *shift* scales the figures (a second run for a comparison)."""
     def m(name: str, value: float, unit: str = "B", **kw: Any) -> Metric:
         return Metric(name, value * shift, unit, **kw)
@@ -112,7 +112,29 @@ def summary(*, shift: float = 1.0) -> Summary:
         affected={"ref": "origin/main", "base": "0123456789abcdef", "everything": None, "kept": 3,
                   "left_out": ["suites/x.py::test_y"]},
         durations={kv: 1.23456, lat: 2.5},
+        judgements=_judgements() if verdicts else [],
+        profiles=["kv-fp8", "min-recompute", "needs-cuda"] if verdicts else [],
     )
+
+
+def _judgements() -> list[Any]:
+    """A profile table's cases: a failure, a partial pass, a nightly check, a CUDA-only diff not run here."""
+    from vramgate.core.verdicts import Judgement
+
+    answers, latency = "suites/answers/test_profile_answers.py::test_profile_answers", \
+        "suites/latency/test_paired_latency.py::test_profile_latency_ratio"
+    return [
+        Judgement("kv-fp8", "applies", "suites/x.py::test_applies[kv-fp8]", "passed"),
+        Judgement("kv-fp8", "answers", f"{answers}[kv-fp8-llama-gqa]", "passed"),
+        Judgement("kv-fp8", "answers", f"{answers}[kv-fp8-llama]", "nightly", "one run each (tox -e cpu-full)"),
+        Judgement("kv-fp8", "latency", f"{latency}[kv-fp8]", "failed", "the test failed"),
+        Judgement("min-recompute", "answers", f"{answers}[min-recompute-llama-gqa]", "passed", "", 3, 22),
+        Judgement("min-recompute", "latency", f"{latency}[min-recompute]", "passed"),
+        Judgement("needs-cuda", "answers", f"{answers}[needs-cuda-llama-gqa]", "not judged",
+                  "not judged here: none of the profile's 1 changed line(s) with code (vllm/a | b.py) ran", 0, 1),
+        Judgement("needs-cuda", "latency", f"{latency}[needs-cuda]", "not judged",
+                  "profile needs-cuda on this tier: needs device cuda"),
+    ]
 
 
 def upgrade_sample() -> dict[str, Any]:

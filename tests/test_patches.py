@@ -210,7 +210,8 @@ def test_a_diff_whose_context_changed_is_refused_with_gits_reason(installed: Pat
 
 
 def _suites_taking_profiles() -> dict[str, list[str]]:
-    """The suite names ``gate_profiles("NAME", ...)`` marks in suites/ take, with the tests that carry them."""
+    """The suite names ``gate_profiles("NAME", ...)`` marks in suites/ take, with the tests that carry them; a test that
+    takes every profile (``gate_profiles()``, Note [profile verdict]) takes them for its own suite (its folder)."""
     import ast
 
     root = Path(__file__).resolve().parents[1]
@@ -220,9 +221,14 @@ def _suites_taking_profiles() -> dict[str, list[str]]:
             if not isinstance(node, ast.FunctionDef):
                 continue
             for deco in node.decorator_list:
-                if (isinstance(deco, ast.Call) and ast.unparse(deco.func).endswith("gate_profiles") and deco.args
-                        and isinstance(deco.args[0], ast.Constant)):
-                    taken.setdefault(str(deco.args[0].value), []).append(f"{path.relative_to(root)}::{node.name}")
+                if isinstance(deco, ast.Call) and ast.unparse(deco.func).endswith("gate_profiles"):
+                    if deco.args and isinstance(deco.args[0], ast.Constant):
+                        name = str(deco.args[0].value)
+                    elif not deco.args:
+                        name = path.parent.name
+                    else:
+                        continue
+                    taken.setdefault(name, []).append(f"{path.relative_to(root)}::{node.name}")
     return taken
 
 

@@ -201,11 +201,11 @@ def test_every_profile_is_judged_on_every_check_whatever_its_suites(vllm_env: Pa
     silently on CPU (its answers and capacity read "not judged here", its row is not safe). About 20 minutes on 2
     cores (serial: three plants' answers, capacity and paired latency)."""
     project = _project(pytester, "answers", VERDICT_PLANTS)
-    for suite in ("latency", "pressure", "block_manager", "serving_capacity"):
+    for suite in ("latency", "pressure", "block_manager", "profile_capacity"):
         shutil.copytree(ROOT / "suites" / suite, project.path / "suites" / suite)
     result = project.runpytest_subprocess(
         "-p", "no:cacheprovider", "suites/answers", "suites/latency/test_paired_latency.py",
-        "suites/serving_capacity/test_profile_capacity.py",
+        "suites/profile_capacity/test_profile_capacity.py",
         "suites/block_manager/test_profiles_apply.py::test_profile_applies", "-m", "not gate_nightly",
         "--gate-missing", "record", "--gate-report", "out", timeout=3600)
     out = result.stdout.str()

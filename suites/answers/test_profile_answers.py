@@ -51,7 +51,7 @@ def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, p
     if profile.checkpoint is not None:
         pytest.skip(f"profile {profile.name} quantizes the model: the quantization suite judges its answers on its "
                     "own checkpoints (suites/quantization/test_accuracy.py)")
-    # Pre-merge, the runs are the capacity check's (suites/serving_capacity/test_profile_capacity.py): one engine
+    # Pre-merge, the runs are the capacity check's (suites/profile_capacity/test_profile_capacity.py): one engine
     # start judges both, with the KV cache vLLM sized itself filled and preempting (Note [full KV cache]).
     spec = (capacity_spec(arch, engine.run(capacity_probe_spec(arch))) if arch == PRE_MERGE_ARCH
             else recall_judging_spec(arch))
