@@ -238,8 +238,12 @@ def test_an_overlays_patched_files_are_found_against_the_installed_ones(tmp_path
     (overlay / "pkg").mkdir(parents=True)
     (overlay / "pkg" / "a.py").write_text("def f():\n    return 2\n")
     (overlay / "pkg" / "b.py").symlink_to(pkg / "b.py")
+    (pkg / "sub").mkdir()
+    (pkg / "sub" / "c.py").write_text("Y = 1\n")
+    (overlay / "pkg" / "sub").mkdir()
+    (overlay / "pkg" / "sub" / "c.py").write_text("Y = 1\nZ = 2\n")  # a folder with no link: found from above
     found = changed_lines([overlay])
-    assert found == {str(overlay / "pkg" / "a.py"): [2]}
+    assert found == {str(overlay / "pkg" / "a.py"): [2], str(overlay / "pkg" / "sub" / "c.py"): [2]}
     d = DiffLines({"pkg/a.py": [2]}, {})
     assert d.not_run_reason("cpu") == ("not judged here: none of the profile's 1 changed line(s) with code "
                                        "(pkg/a.py) ran in this run on the cpu tier")

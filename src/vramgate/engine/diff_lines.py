@@ -125,13 +125,25 @@ def changed_lines(overlays: list[Path]) -> dict[str, list[int]]:
             if path.is_symlink():
                 continue
             rel = path.relative_to(overlay)
-            sibling = next((p for p in path.parent.iterdir() if p.is_symlink()), None)
-            original = (Path(os.path.realpath(sibling)).parent / path.name) if sibling is not None else None
+            original = _original(path, overlay)
             old = original.read_text(encoding="utf-8") if original is not None and original.is_file() else ""
             lines = changed_in(old, path.read_text(encoding="utf-8"), str(rel))
             if lines:
                 out[str(path)] = lines
     return out
+
+
+def _original(path: Path, overlay: Path) -> Path | None:
+    """The installed file a patched file of *overlay* replaces: found through the nearest folder above it that holds
+    a link into the installed package (every file the diff does not touch is one); None for a file the diff adds."""
+    folder = path.parent
+    while True:
+        link = next((p for p in sorted(folder.iterdir()) if p.is_symlink()), None)
+        if link is not None:
+            return Path(os.path.realpath(link)).parent / path.relative_to(folder)
+        if folder == overlay:
+            return None
+        folder = folder.parent
 
 
 def relative(lines: dict[str, list[int]], overlays: list[Path]) -> dict[str, list[int]]:
