@@ -233,19 +233,29 @@ def worker_load_peak(worker: Any) -> int:
       is held). Left out: the rank's CUDA context and NCCL's buffers, and what other processes held at the snapshot
       (another engine, the gate's own CUDA context); memory another process takes during the run is not, as it is
       not in vLLM's figure either (both read the device's free memory). Read with vLLM's own ``MemorySnapshot``.
-    * CPU: the process's peak RSS, which vLLM's CPU budget counts whole (requested minus the RSS after warm-up):
-      above 1 by what the process grew after the warm-up vLLM measured."""
+    * CPU: the process's peak RSS since the load began (:func:`reset_cpu_peak`, called as it begins; the whole
+      life's where the kernel cannot reset it), which vLLM's CPU budget counts whole (requested minus the RSS after
+      warm-up): above 1 by what the process grew after the warm-up vLLM measured."""
     import torch
 
     if not torch.cuda.is_available():
-        import resource
+        from vramgate.machine.probes.cpu import peak_rss_bytes
 
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        return peak_rss_bytes()
     from vllm.utils.mem_utils import MemorySnapshot
 
     start, now = worker.init_snapshot, MemorySnapshot(device=worker.device)
     held_above = int(torch.cuda.max_memory_reserved(worker.device)) - int(now.torch_memory)
     return max(0, int(now.cuda_memory) - int(start.cuda_memory) + max(0, held_above))
+
+
+def worker_reset_peak(worker: Any) -> bool:
+    """Reset this rank's peak resident memory to what it holds now, so that :func:`worker_load_peak` reads the
+    peak of what follows: the load's, not the import's, the model's load or the warm-up's transients (Note [full KV
+    cache] in suites/profile_capacity). False where the kernel refuses (``reset_peak_rss`` of the CPU probes)."""
+    from vramgate.machine.probes.cpu import reset_peak_rss
+
+    return reset_peak_rss()
 
 
 def decide(core: Any, cache: Any, model_config: Any, ranks: Sequence[Mapping[str, Any]],

@@ -78,6 +78,7 @@ from vramgate.engine.memory_decision import (
     install_hooks,
     worker_load_peak,
     worker_memory_decision,
+    worker_reset_peak,
 )
 from vramgate.engine.spec import ENGINE_RESULT_FORMAT, EngineSpec, kv_budget_bytes
 from vramgate.engine.vllm_plugin import MEMORY_HOOKS_ENV
@@ -160,6 +161,8 @@ def run(spec: EngineSpec, root: Path, history_dir: Path | None = None) -> dict[s
     answering = answers_wanted(kwargs)  # Note [the same answer] in vramgate.core.answers
     prompts, params = requests_of(spec, workload, int(cfg.model_config.get_vocab_size()), SamplingParams,
                                   task=answering, logprobs=TOP_K if answering else None)
+    if automatic and not on_gpu:  # every rank's peak from here: the load's, not the warm-up's (Note [full KV cache])
+        engine.collective_rpc(worker_reset_peak)
     t2 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     t_generate = time.perf_counter() - t2
