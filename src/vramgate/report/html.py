@@ -56,7 +56,7 @@ pre { background: #f6f8fa; padding: 10px; overflow-x: auto; font-size: 12px; bor
 .note { color: #57606a; font-size: 13px; } nav a { margin-right: 12px; } svg { display: block; margin: 6px 0; }
 code { font-size: 12px; } .mismatch { color: #9a6700; font-weight: 600; }
 .columns { display: flex; gap: 64px; flex-wrap: wrap; } summary { cursor: pointer; }
-table.profiles td { text-align: center; } table.profiles td:first-child { text-align: left; }
+table.profiles td { text-align: center; white-space: nowrap; } table.profiles td:first-child { text-align: left; }
 table.profiles td.failed { background: #ffebe9; } table.profiles td.passed { background: #dafbe1; }
 table.profiles tr.failed td:first-child { background: #ffebe9; } ol.notes { font-size: 13px; color: #57606a; }
 .legend { font-size: 13px; color: #57606a; }

@@ -11,8 +11,9 @@ import html
 
 from vramgate.core.verdicts import CHECK_HELP, COLUMNS, Cell, ProfileRow
 
-#: A cell's mark, by state.
+#: A cell's mark, by state: emoji in report.md (GitHub draws them), signs every font has on the HTML page.
 MARKS = {"passed": "✅", "failed": "❌", "not judged": "⚪", "nightly": "🌙", "left out": "➖"}
+HTML_MARKS = {"passed": "✓", "failed": "✗", "not judged": "not judged", "nightly": "nightly", "left out": "left out"}
 #: The legend under the table.
 LEGEND = ("✅ passed · ❌ failed · ⚪ not judged here (the note says why) · 🌙 judged by the nightly tier (tox -e "
           "cpu-full) · ➖ left out of this run")
@@ -48,9 +49,9 @@ def note_text(cell: Cell) -> str | None:
     return why or cell.state
 
 
-def short(cell: Cell) -> str:
-    """The cell's mark and count: ``✅``, ``✅ 2/3``, ``❌``, ``⚪``, ``🌙``."""
-    mark = MARKS[cell.state]
+def short(cell: Cell, marks: dict[str, str] = MARKS) -> str:
+    """The cell's mark and count: ``✅``, ``✅ 2/3``, ``❌``, ``⚪``, ``🌙`` (*marks*: :data:`HTML_MARKS` on a page)."""
+    mark = marks[cell.state]
     if cell.state in ("passed", "failed") and cell.not_judged:
         return f"{mark} {len(cell.tests)}/{len(cell.tests) + cell.not_judged}"
     return mark
@@ -59,6 +60,12 @@ def short(cell: Cell) -> str:
 def verdict_mark(row: ProfileRow) -> str:
     """The row's verdict as the table's second column shows it."""
     return {"regression": "❌ regression", "safe on what ran": "✅ safe", "partly judged": "⚠️ partly judged"}[
+        row.verdict]
+
+
+def html_verdict(row: ProfileRow) -> str:
+    """The row's verdict on the HTML page."""
+    return {"regression": "✗ regression", "safe on what ran": "✓ safe", "partly judged": "⚠ partly judged"}[
         row.verdict]
 
 
@@ -126,8 +133,10 @@ def html_lines(rows: list[ProfileRow]) -> list[str]:
         return []
     index, texts = cell_notes(rows)
     e = html.escape
+    legend = ("✓ passed · ✗ failed · not judged here (the note says why) · nightly: judged by the nightly tier (tox -e "
+              "cpu-full) · left out of this run")
     out = ['<section class="profiles"><h2>Profiles: is each optimization safe to merge?</h2>',
-           f'<p class="legend">{e(LEGEND)}. <a href="{e(DOC)}">What each check runs</a>.</p>',
+           f'<p class="legend">{e(legend)}. <a href="{e(DOC)}">What each check runs</a>.</p>',
            '<table class="profiles"><thead><tr><th>profile</th><th>verdict</th>'
            + "".join(f'<th title="{e(CHECK_HELP[c])}">{e(c)}</th>' for c in COLUMNS) + "</tr></thead><tbody>"]
     for row in rows:
@@ -139,9 +148,9 @@ def html_lines(rows: list[ProfileRow]) -> list[str]:
                                                                if cell.tests else []))
             note = f"<sup>{n}</sup>" if n else ""
             cls = cell.state.replace(" ", "-")
-            cells.append(f'<td class="{cls}" title="{e(title)}">{e(short(cell))}{note}</td>')
+            cells.append(f'<td class="{cls}" title="{e(title)}">{e(short(cell, HTML_MARKS))}{note}</td>')
         out.append(f'<tr class="{"failed" if row.failed else ""}"><td><code>{e(row.profile)}</code></td>'
-                   f"<td>{e(verdict_mark(row))}</td>" + "".join(cells) + "</tr>")
+                   f"<td>{e(html_verdict(row))}</td>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     if texts:
         out.append('<ol class="notes">' + "".join(f"<li>{e(t.replace('`', ''))}</li>" for t in texts) + "</ol>")
