@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from vramgate import VLLM_VERSION
-from vramgate.profiles import load_profile
+from vramgate.profiles import Profile, load_profile
 from vramgate.profiles.overlay import patched_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,18 +51,25 @@ def _vllm_source() -> Path | None:
 SOURCE = _vllm_source()
 
 
-@pytest.mark.skipif(SOURCE is None, reason=f"no vLLM {VLLM_VERSION} source: tox -e unit fetches it "
-                                           "(scripts/vllm_sources.py)")
-@pytest.mark.parametrize("name", PLANTS)
-def test_the_plants_apply_to_the_pinned_release_and_expect_identical_outputs(name: str) -> None:
+def _applies_cleanly(name: str) -> Profile:
+    """The plant *name*, after checking that its diffs apply to the pinned release at their places (no offset) and
+    the patched files compile."""
     assert SOURCE is not None
     profile = load_profile(ROOT / "tests" / "data" / "profiles" / name)
-    assert "block_manager" in profile.suites
     notes: list[str] = []
     files = patched_files(profile, SOURCE, VLLM_VERSION, notes)
     assert notes == [], notes  # every hunk at its place
     for rel, text in files.items():
         compile(text, rel, "exec")
+    return profile
+
+
+@pytest.mark.skipif(SOURCE is None, reason=f"no vLLM {VLLM_VERSION} source: tox -e unit fetches it "
+                                           "(scripts/vllm_sources.py)")
+@pytest.mark.parametrize("name", PLANTS)
+def test_the_plants_apply_to_the_pinned_release_and_expect_identical_outputs(name: str) -> None:
+    profile = _applies_cleanly(name)
+    assert "block_manager" in profile.suites
     manifest = tomllib.loads((profile.path / "manifest.toml").read_text(encoding="utf-8"))
     assert manifest["outputs"] == {"expect": "identical"}
 
@@ -141,14 +148,8 @@ ARCHS = ("deepseek-v2", "llama", "llama-gqa")
 @pytest.mark.parametrize("name", sorted(NUMERICS_PLANTS))
 def test_the_numerics_plants_apply_to_the_pinned_release_and_name_no_suite(name: str) -> None:
     """The plants apply at their places and are judged on their answers with no suite named (``suites = []``)."""
-    assert SOURCE is not None
-    profile = load_profile(ROOT / "tests" / "data" / "profiles" / name)
+    profile = _applies_cleanly(name)
     assert profile.suites == () and profile.outputs.expect == "identical"
-    notes: list[str] = []
-    files = patched_files(profile, SOURCE, VLLM_VERSION, notes)
-    assert notes == [], notes
-    for rel, text in files.items():
-        compile(text, rel, "exec")
 
 
 def test_the_numerics_plants_fail_exactly_on_the_recall_models_they_touch(vllm_env: Path,
@@ -184,13 +185,7 @@ VERDICT_PLANTS = ("plant-numerics-latency", "plant-cuda-only", "plant-kv-oversiz
                                            "(scripts/vllm_sources.py)")
 @pytest.mark.parametrize("name", VERDICT_PLANTS)
 def test_the_verdict_plants_apply_to_the_pinned_release(name: str) -> None:
-    assert SOURCE is not None
-    profile = load_profile(ROOT / "tests" / "data" / "profiles" / name)
-    notes: list[str] = []
-    files = patched_files(profile, SOURCE, VLLM_VERSION, notes)
-    assert notes == [], notes
-    for rel, text in files.items():
-        compile(text, rel, "exec")
+    _applies_cleanly(name)
 
 
 def test_every_profile_is_judged_on_every_check_whatever_its_suites(vllm_env: Path, pytester: pytest.Pytester) -> None:

@@ -229,19 +229,25 @@ def test_changed_lines_are_the_new_lines_with_code() -> None:
     assert changed_in(old, old, "m.py") == []
 
 
+def _overlay(tmp_path: Path, installed: dict[str, str], patched: dict[str, str]) -> Path:
+    """A package ``pkg`` installed with *installed* files and an overlay of it (Note [overlay]): the *patched*
+    files written, every other installed file a link."""
+    pkg, overlay = tmp_path / "site" / "pkg", tmp_path / "overlay"
+    for rel, text in installed.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    for rel in installed.keys() | patched.keys():
+        (overlay / "pkg" / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel in patched:
+            (overlay / "pkg" / rel).write_text(patched[rel])
+        else:
+            (overlay / "pkg" / rel).symlink_to(pkg / rel)
+    return overlay
+
+
 def test_an_overlays_patched_files_are_found_against_the_installed_ones(tmp_path: Path) -> None:
-    pkg = tmp_path / "site" / "pkg"
-    pkg.mkdir(parents=True)
-    (pkg / "a.py").write_text("def f():\n    return 1\n")
-    (pkg / "b.py").write_text("X = 1\n")
-    overlay = tmp_path / "overlay"
-    (overlay / "pkg").mkdir(parents=True)
-    (overlay / "pkg" / "a.py").write_text("def f():\n    return 2\n")
-    (overlay / "pkg" / "b.py").symlink_to(pkg / "b.py")
-    (pkg / "sub").mkdir()
-    (pkg / "sub" / "c.py").write_text("Y = 1\n")
-    (overlay / "pkg" / "sub").mkdir()
-    (overlay / "pkg" / "sub" / "c.py").write_text("Y = 1\nZ = 2\n")  # a folder with no link: found from above
+    overlay = _overlay(tmp_path, {"a.py": "def f():\n    return 1\n", "b.py": "X = 1\n", "sub/c.py": "Y = 1\n"},
+                       {"a.py": "def f():\n    return 2\n", "sub/c.py": "Y = 1\nZ = 2\n"})  # sub/: no link there
     found = changed_lines([overlay])
     assert found == {str(overlay / "pkg" / "a.py"): [2], str(overlay / "pkg" / "sub" / "c.py"): [2]}
     d = DiffLines({"pkg/a.py": [2]}, {})
@@ -255,14 +261,8 @@ def test_the_watch_in_an_engine_process_records_each_line_once(tmp_path: Path) -
     module: the lines that ran are written, once each; the one that did not, not."""
     from vramgate.engine import diff_lines
 
-    pkg = tmp_path / "site" / "pkg"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "m.py").write_text("def f(x):\n    if x:\n        return 1\n    return 0\n")
-    overlay = tmp_path / "overlay"
-    (overlay / "pkg").mkdir(parents=True)
-    (overlay / "pkg" / "__init__.py").symlink_to(pkg / "__init__.py")
-    (overlay / "pkg" / "m.py").write_text("def f(x):\n    if x:\n        return 2\n    return -1\n")
+    overlay = _overlay(tmp_path, {"__init__.py": "", "m.py": "def f(x):\n    if x:\n        return 1\n    return 0\n"},
+                       {"m.py": "def f(x):\n    if x:\n        return 2\n    return -1\n"})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     env = diff_lines.prepare([overlay], run_dir)

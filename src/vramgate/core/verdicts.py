@@ -41,8 +41,8 @@ CHECK_HELP: dict[str, str] = {
 #: every other check with no case reads "no test of this check ran for it".
 UNCOVERED: dict[str, str] = {
     "leaks": ("no leak check judges profiles yet: the paired memory slope (test_serving_memory_paired, nightly, "
-              "profiles naming serving) read -2 MiB per 1,000 requests under a planted 128 KiB-per-request leak, so "
-              "it is not counted as a verdict until it sees one"),
+              "profiles naming serving) missed a planted per-request leak, so it is not counted as a verdict until "
+              "it sees one (docs/profiles.md, 'The profile verdict')"),
 }
 
 State = Literal["passed", "failed", "not judged", "nightly", "left out"]

@@ -254,7 +254,6 @@ def run_engine(
     traced = spec.env.get(diff_lines.TRACE_ENV) == "1" and bool(extra_pythonpath)
     if traced:  # Note [diff ran]: an untimed run of a profile's diff watches its lines
         env.update(diff_lines.prepare(list(extra_pythonpath or []), run_dir))
-        preload = None  # a preloaded interpreter may hold vLLM's modules imported before the watch began
     proc = process.launch(cmd, log_path, env=env, cwd=run_dir, preload=preload)
     try:
         rc = process.wait_or_kill(proc, spec.timeout_s)  # the worker's own children (vLLM's engine core) go with it
