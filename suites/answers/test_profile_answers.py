@@ -27,7 +27,7 @@ from vramgate.testing.engines import (
     engine_tier,
     recall_judging_spec,
 )
-from vramgate.testing.profiles import DIFF_LINES_PROPERTY, Profile, runnable_candidate, skip_unmet
+from vramgate.testing.profiles import DIFF_LINES_PROPERTY, Profile, runnable_candidate, skip_unmet, unpatched
 
 #: Pre-merge (tox -e cpu): every profile on the grouped-query Llama, in the capacity check's engine runs (the KV cache
 #: vLLM sizes itself, filled by the judging prompts: preemptions included): one engine run per profile serves both.
@@ -53,7 +53,7 @@ def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, p
                     "own checkpoints (suites/quantization/test_accuracy.py)")
     # Pre-merge, the runs are the capacity check's (suites/profile_capacity/test_profile_capacity.py): one engine
     # start judges both, with the KV cache vLLM sized itself filled and preempting (Note [full KV cache]).
-    spec = (capacity_spec(arch, engine.run(capacity_probe_spec(arch))) if arch == PRE_MERGE_ARCH
+    spec = (capacity_spec(arch, engine.run(unpatched(capacity_probe_spec(arch)))) if arch == PRE_MERGE_ARCH
             else recall_judging_spec(arch))
     use_mla = model_shape(spec.model).use_mla
     backend = str(profile.engine_args.get("attention_backend", ""))
@@ -63,7 +63,7 @@ def test_profile_answers(gate: Gate, engine: Engine, model_shape: ModelLoader, p
     candidate = runnable_candidate(spec, profile, use_mla)
     # Note [diff ran] in vramgate.engine.diff_lines: the candidate watches which of the diff's lines run
     candidate = candidate.replace(env={**candidate.env, TRACE_ENV: "1"})
-    reference = engine.run(spec)
+    reference = engine.run(unpatched(spec))  # Note [the unpatched reference] in vramgate.engine.spec
     result = engine.run(candidate)
     check_answers(gate, profile, result, reference, context=spec.model)
     if result.diff is not None:  # the profile's row says whether its lines ran (Note [profile verdict])

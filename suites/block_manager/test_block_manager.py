@@ -22,7 +22,7 @@ from vramgate.testing.engines import (
     engine_tier,
     unpaired_latency_tolerance,
 )
-from vramgate.testing.profiles import Profile, skip_unmet
+from vramgate.testing.profiles import Profile, skip_unmet, unpatched
 from vramgate.testing.simulator import SimResult, build
 
 #: Requests of the simulated trace: 2,000 keep every claim's verdict that 5,000 gave (docs/running.md, "How big each
@@ -101,7 +101,7 @@ def test_engine_pressure(gate: Gate, engine: Engine, model_shape: ModelLoader, p
     if profile is None:
         check_task_accuracy(gate, result, context=spec.model)
         return
-    reference = engine.run(PRESSURE_SPEC)
+    reference = engine.run(unpatched(PRESSURE_SPEC))  # Note [the unpatched reference] in vramgate.engine.spec
     check_claims(gate, profile, "engine-pressure", figures, engine_figures(reference))
     # Note [the same answer] in vramgate.core.answers: the profile's answers against the unpatched run's, last
     check_answers(gate, profile, result, reference, context=spec.model)

@@ -27,7 +27,7 @@ import pytest
 from vramgate import Gate
 from vramgate.testing import Engine, ModelLoader
 from vramgate.testing.engines import TRACE_ENV, capacity_probe_spec, capacity_spec, engine_tier
-from vramgate.testing.profiles import DIFF_LINES_PROPERTY, Profile, runnable_candidate, skip_unmet
+from vramgate.testing.profiles import DIFF_LINES_PROPERTY, Profile, runnable_candidate, skip_unmet, unpatched
 
 #: The recall model of the check: its judging prompts are the load. The answers check judges the same runs
 #: (suites/answers/test_profile_answers.py, pre-merge): one engine start, two checks.
@@ -47,11 +47,14 @@ def test_profile_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader, 
     if profile is not None and profile.checkpoint is not None:
         pytest.skip(f"profile {profile.name} quantizes the model: the quantization suite judges its KV capacity on "
                     "its own checkpoint (suites/quantization/test_kv_capacity.py)")
-    probe = engine.run(capacity_probe_spec(ARCH))
+    # the probe and the reference are unpatched whatever the session applies (Note [the unpatched reference] in
+    # vramgate.engine.spec); the case without a profile is the session's engine (the same run without --gate-profile)
+    probe = engine.run(unpatched(capacity_probe_spec(ARCH)))
     spec = capacity_spec(ARCH, probe)
-    reference = engine.run(spec)
-    result = reference
-    if profile is not None:
+    reference = engine.run(unpatched(spec))
+    if profile is None:
+        result = engine.run(spec)
+    else:
         candidate = runnable_candidate(spec, profile, model_shape(spec.model).use_mla)
         result = engine.run(candidate.replace(env={**candidate.env, TRACE_ENV: "1"}))
     d = result.decision

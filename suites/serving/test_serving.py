@@ -37,7 +37,7 @@ import pytest
 from vramgate import Gate
 from vramgate.testing import MatrixCase, ModelLoader, Servers, gate_session
 from vramgate.testing.engines import EngineSpec, engine_tier, unpaired_latency_tolerance
-from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet
+from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet, unpatched
 from vramgate.testing.serving import (
     UNSETTLED_SERVERS,
     LoadRun,
@@ -206,7 +206,7 @@ def test_serving_paired(gate: Gate, servers: Servers, model_shape: ModelLoader, 
     candidate = runnable_candidate(reference, profile, model_shape(reference.model).use_mla)
     settings = paired_settings(tier)
     load = ServingLoad(request_rates=(float("inf"),), paired_rounds=settings.rounds)
-    a, b = servers.get(reference), servers.get(candidate)
+    a, b = servers.get(unpatched(reference)), servers.get(candidate)  # Note [the unpatched reference]
 
     def also(latency: str, r: Sequence[float], c: Sequence[float]) -> list[tuple[str, bool]]:
         return gate.paired_checks(f"{latency}_ratio", r, c, tolerance=settings.tolerance[latency],
@@ -242,7 +242,7 @@ def test_serving_memory_paired(gate: Gate, servers: Servers, model_shape: ModelL
     reference = (PAIRED_SPEC if tier == "cpu" else
                  PAIRED_SPEC.replace(gpu_memory_utilization=PAIRED_GPU_UTILIZATION, block_size=16))
     candidate = runnable_candidate(reference, profile, model_shape(reference.model).use_mla)
-    a, b = servers.get(reference), servers.get(candidate)
+    a, b = servers.get(unpatched(reference)), servers.get(candidate)  # Note [the unpatched reference]
     warmup, sustained = sustained_loads(ServingLoad(request_rates=(float("inf"),)))
     chunk = dataclasses.replace(sustained, num_prompts=PAIRED_MEMORY_CHUNK)
     items = [(i, dataclasses.replace(chunk, seed=chunk.seed + r), f"round-{r}-{i}")

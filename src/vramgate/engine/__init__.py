@@ -22,6 +22,7 @@ from vramgate.engine.runner import (
 )
 from vramgate.engine.spec import (
     KV_TOO_SMALL,
+    UNPATCHED,
     EngineSpec,
     SpecError,
     UnsupportedHere,
@@ -32,10 +33,12 @@ from vramgate.engine.spec import (
     kernel_problem,
     kv_need,
     validate,
+    with_session_profile,
 )
 
 __all__ = [
     "KV_TOO_SMALL",
+    "UNPATCHED",
     "EngineCache",
     "EngineError",
     "EngineResult",
@@ -61,4 +64,5 @@ __all__ = [
     "paired_defaults",
     "run_engine",
     "validate",
+    "with_session_profile",
 ]

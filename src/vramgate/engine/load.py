@@ -269,6 +269,9 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
     """Run *items* (server index, load, label) in one client process, sampling every server's memory; with
     *warmup*, each server first warms up until its memory settles (Note [settled warm-up] in
     :mod:`vramgate.engine.leak`), the servers' chunks in turn."""
+    if len({id(server) for server in servers}) < len(servers):  # Note [the unpatched reference] in engine.spec
+        raise ServerError("a plan's servers must be distinct: one server was given twice, so a paired load would "
+                          f"compare it with itself ({', '.join(s.describe() for s in servers)})")
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.glob("load-*.json"), *run_dir.glob("go-*.json")]:
         stale.unlink()

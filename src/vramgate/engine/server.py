@@ -43,6 +43,23 @@ START_TIMEOUT_S = 900.0
 #: Seconds a server gets to exit after SIGINT before its process group is killed.
 STOP_GRACE_S = 20.0
 
+#: oneDNN's environment variable for the capacity of its process-wide primitive cache, and the gate's CPU servers'
+#: value (Note [oneDNN's shape cache]).
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = "0"
+
+# Note [oneDNN's shape cache]: vLLM's CPU build runs every dense linear layer through oneDNN
+# (``dispatch_cpu_unquantized_gemm`` in vllm/model_executor/layers/utils.py: ``create_onednn_mm(weight, 32)``), and
+# a oneDNN matmul primitive is made, just in time, for each number of tokens in a step (M). Each layer's handler
+# keeps 32 of them; oneDNN keeps every primitive made in its process-wide cache too, up to 1,024 by default. A
+# server under load meets new step sizes for thousands of requests (its batches of prefills and decodes combine in
+# many ways), and each new one kept memory in the engine's worker: its anonymous memory grew in steps, per request,
+# past the leak allowance on the AVX-512 kernels (far less on the AVX2 path's). That is a bounded
+# cache filling, not a leak, but it fills for longer than any warm-up the gate can afford, and it read as a leak. The
+# gate's CPU servers therefore run with oneDNN's process-wide cache off (capacity 0): the layers' own handlers still
+# keep their 32 shapes each, so a step size the load repeats is not made again, and the server settles once its
+# handlers are full. Measured: docs/online-serving.md, "oneDNN's shape cache".
+
 
 class ServerError(EngineError):
     """A server that did not start, died while serving, or failed a request; carries its log's tail."""
@@ -114,6 +131,8 @@ class ApiServer:
         }, indent=2, sort_keys=True), encoding="utf-8")
         env = engine_process_env(self.spec, self.run_dir, self._paths, self._cache_root)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server runs its engine core as vLLM does: apart
+        if engine_tier() == "cpu":  # Note [oneDNN's shape cache]; a spec's own env (a team's entry) may set another
+            env[ONEDNN_CACHE_ENV] = self.spec.env.get(ONEDNN_CACHE_ENV, ONEDNN_CACHE_CAPACITY)
         self.visible_devices = env.get(devices.ENV)
         # Its API server and engine core talk over IPC sockets: Note [IPC socket path] in vramgate.runtime.vllm_env.
         cmd = [self.spec.python or engine_python(), "-m", "vramgate.engine.api_server", str(server_json)]

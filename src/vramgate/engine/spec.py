@@ -41,6 +41,18 @@ class SpecError(ValueError):
 KV_TOO_SMALL = "KV cache budget too small for one request of max_model_len"
 
 
+#: The profile of a spec that runs unpatched even in a session that applies a profile to every spec naming none
+#: (``--gate-profile``).
+#:
+#: Note [the unpatched reference]: a paired check compares a profile's engine (server) with the unpatched one, and a
+#: session's ``--gate-profile`` applies its profile to every spec that names none. A reference that named none
+#: was patched too, so the check compared the profile with itself and passed whatever it did (a server keeping
+#: 128 KiB per request read -2 MiB per 1,000 requests in the paired memory slope). A reference is therefore
+#: :data:`UNPATCHED`: it runs what a spec naming no profile runs (the same key, so one run or server serves both)
+#: and no session profile reaches it.
+UNPATCHED = ""
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """What to run: a model config from ``fixtures/models``, engine arguments, and a workload."""
@@ -71,6 +83,8 @@ class EngineSpec:
     quantization: str | None = None
     tensor_parallel_size: int = 1
     profile: str | None = None
+    """The optimization profile the engine runs with; None: none named, so a session's ``--gate-profile`` applies;
+    :data:`UNPATCHED`: unpatched even there (a paired test's reference: Note [the unpatched reference])."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further keyword arguments for ``vllm.LLM`` (e.g. from an optimization profile)."""
     env: dict[str, str] = field(default_factory=dict)
@@ -92,6 +106,8 @@ class EngineSpec:
         """A stable hash of everything that affects the run (identical specs run once per session)."""
         data = self.to_json()
         data.pop("timeout_s")
+        if not data["profile"]:  # UNPATCHED runs what a spec naming no profile runs: one run, one server
+            data["profile"] = None
         for name in ("python", "gpu_memory_utilization", "cpu_memory_bytes"):
             if data[name] is None:
                 data.pop(name)  # the keys of specs without them stay what they were
@@ -100,6 +116,12 @@ class EngineSpec:
     def replace(self, **changes: Any) -> EngineSpec:
         """This spec with *changes*."""
         return dataclasses.replace(self, **changes)
+
+
+def with_session_profile(spec: EngineSpec, profile: str | None) -> EngineSpec:
+    """*spec* in a session that applies *profile* (``--gate-profile``) to every spec naming none; a spec naming one,
+    or :data:`UNPATCHED`, is left as it is (Note [the unpatched reference])."""
+    return spec.replace(profile=profile) if profile and spec.profile is None else spec
 
 
 #: The format of the result an engine worker writes and the runner reads (Note [versioned records] in

@@ -38,6 +38,7 @@ from vramgate.engine import (
     paired_defaults,
     run_engine,
     validate,
+    with_session_profile,
 )
 from vramgate.engine.diff_lines import TRACE_ENV
 from vramgate.engine.measure import PLANT_CANDIDATE_DELAY_ENV, PLANT_DELAY_ENV, planted_fraction
@@ -104,8 +105,7 @@ class Engine:
 
     def run(self, spec: EngineSpec) -> EngineResult:
         """The result of *spec*'s engine run (the session's earlier one when it already ran)."""
-        if self.profile and spec.profile is None:
-            spec = spec.replace(profile=self.profile)
+        spec = with_session_profile(spec, self.profile)
         try:
             result = self.cache.run(spec)
         except UnsupportedHere as exc:

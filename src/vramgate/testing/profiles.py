@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from vramgate.engine import EngineSpec
+from vramgate.engine import UNPATCHED, EngineSpec
 from vramgate.profiles import (
     PatchError,
     Profile,
@@ -46,6 +46,7 @@ __all__ = [
     "profile_params",
     "runnable_candidate",
     "skip_unmet",
+    "unpatched",
     "version_problem",
 ]
 
@@ -132,6 +133,12 @@ def version_problem(profile: Profile) -> str | None:
         return None
     return (f"profile {profile.name} targets {profile.distribution} {profile.version}; the engine environment has "
             f"{env.vllm_distribution} {env.vllm} (what it would do there: vramgate upgrade, or the profile check)")
+
+
+def unpatched(spec: EngineSpec) -> EngineSpec:
+    """*spec* as a paired check's reference: unpatched, even in a session that applies a profile to every spec naming
+    none (``--gate-profile``; Note [the unpatched reference] in :mod:`vramgate.engine.spec`)."""
+    return spec.replace(profile=UNPATCHED)
 
 
 def runnable_candidate(reference: EngineSpec, profile: Profile, use_mla: bool) -> EngineSpec:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vramgate.engine import EngineSpec, UnsupportedHere
+from vramgate.engine import EngineSpec, UnsupportedHere, with_session_profile
 from vramgate.engine.leak import WarmUp, device_memory_slope, memory_slope, paired_slope
 from vramgate.engine.load import Load, LoadRun, run_loads, run_plan
 from vramgate.engine.paired_load import PairedBursts, paired_settings, run_paired_bursts
@@ -90,8 +90,7 @@ class Servers:
     def get(self, spec: EngineSpec) -> ApiServer:
         """The session's server for *spec*, started now if it is not up; fails the test (with the reason and
         the server's log tail) when it cannot start, skips it when this machine's kernels cannot run *spec*."""
-        if self.profile and spec.profile is None:
-            spec = spec.replace(profile=self.profile)
+        spec = with_session_profile(spec, self.profile)
         # A server serves whatever traffic it is sent: a spec's workload is not the server's (entries that differ
         # in their workload only share one).
         spec = spec.replace(workload=_ANY.workload, requests=_ANY.requests, seed=_ANY.seed, workload_params={},
