@@ -39,11 +39,7 @@ CHECK_HELP: dict[str, str] = {
 
 #: Why a check has no case at all for a profile, where the gate knows (the check is not built or not trusted yet);
 #: every other check with no case reads "no test of this check ran for it".
-UNCOVERED: dict[str, str] = {
-    "leaks": ("no leak check judges profiles yet: the paired memory slope (test_serving_memory_paired, nightly, "
-              "profiles naming serving) missed a planted per-request leak, so it is not counted as a verdict until "
-              "it sees one (docs/profiles.md, 'The profile verdict')"),
-}
+UNCOVERED: dict[str, str] = {}
 
 State = Literal["passed", "failed", "not judged", "nightly", "left out"]
 #: The states of a judgement and of a cell.
