@@ -6,7 +6,7 @@ regressions the serving suite must catch. Needs vLLM (the cpu-full env runs it);
 - a pytest killed with SIGKILL or SIGTERM while its server is up leaves no process of the server behind;
 - ``plant-request-leak`` (64 KiB kept per request: the pre-merge target of docs/online-serving.md, "The leak
   floor") fails the memory slope on its bound, the unchanged server passes it;
-- ``plant-step-delay`` (every forward pass 15% longer) fails the paired check under load.
+- ``plant-step-delay`` (every engine step 15% longer) fails the paired check under load.
 """
 
 from __future__ import annotations

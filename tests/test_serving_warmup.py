@@ -203,7 +203,7 @@ class _Pair:
     runs: list[LoadRun] = field(default_factory=list)
 
     def get(self, spec: EngineSpec) -> ApiServer:
-        return self.by_profile[spec.profile]
+        return self.by_profile[spec.profile or None]  # the reference is UNPATCHED (Note [the unpatched reference])
 
     def plan(self, items: list[tuple[int, Load, str]], servers: list[ApiServer], run_dir: Path, *,
              warmup: leak.WarmUp | None = None) -> LoadRun:
@@ -231,7 +231,7 @@ def test_the_paired_slope_judges_the_profiles_server_over_the_unpatched_one(
             ApiServer(cand_spec.replace(profile=None), ROOT, tmp_path / "b", start_timeout_s=30) as b:
         pool = _Pair({None: a, "plant": b})
         suite.test_serving_memory_paired(gate, pool, lambda model: types.SimpleNamespace(use_mla=False),
-                                         types.SimpleNamespace(name="plant"), tmp_path / "test")
+                                         types.SimpleNamespace(name="plant", checkpoint=None), tmp_path / "test")
     (run,) = pool.runs
     assert all(3 <= len(w) <= 8 for w in run.warmups), run.warmup_levels  # 100 MiB over 100 requests, then flat
     assert all(len(r) == 6 for r in run.results)

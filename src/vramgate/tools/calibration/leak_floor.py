@@ -46,6 +46,14 @@ def _fit(points: Sequence[tuple[float, float]], per: str = "request") -> Any:
     return fit_leak(points, per=per)
 
 
+def _fits(points: Sequence[tuple[float, float]]) -> bool:
+    try:
+        fit_leak(points)
+    except ValueError:
+        return False
+    return True
+
+
 def window_points(server: dict[str, Any], window: tuple[float, float], per: str = "request",
                   added: float = 0.0) -> list[tuple[float, float]]:
     """The samples of *server* (a campaign's record) within *window* (its moments), placed at the requests (tokens)
@@ -101,7 +109,8 @@ def analyze(data: dict[str, Any], allowance: float, soak_allowance: float, reque
     unchanged: list[list[tuple[float, float]]] = []
     unchanged_soaks: list[list[tuple[float, float]]] = []
     for name, server in zip(data["names"], data["servers"], strict=True):
-        windows = windows_of(server, requests)
+        # a window too short in samples to fit (a fast machine, a sampler slowed by many servers) is left out
+        windows = [w for w in windows_of(server, requests) if _fits(window_points(server, w))]
         fits = [_fit(window_points(server, w)) for w in windows]
         whole = [(float(a), float(b)) for a, b in server["loads"]]
         soaks = [_fit(window_points(server, w)) for w in whole]
@@ -236,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = run_campaign(args.root, args.out, [p for p in args.plants.split(",") if p], args.soak,
                             args.concurrency)
         data["seconds"] = round(time.monotonic() - t0)
+        # the samples first: an analysis that fails leaves them for --from
+        (args.out / "leak-floor.json").write_text(json.dumps({"data": data}), encoding="utf-8")
     figures = analyze(data, args.allowance_kib * 1024, args.soak_allowance_kib * 1024, args.requests)
     (args.out / "leak-floor.json").write_text(json.dumps({"data": data, "figures": figures}), encoding="utf-8")
     text = render(figures, f"One sustained load per server ({len(data['servers'][0]['completions'])} requests of the "
