@@ -168,7 +168,7 @@ def _memory_test(suite: types.ModuleType, server: ApiServer, tmp_path: Path) -> 
     case = types.SimpleNamespace(entry=types.SimpleNamespace(load=ServingLoad(
         request_rates=(4.0,), sustained_requests=200, sustained_concurrency=2)), engine_spec=lambda base: base)
     pool = Pool(server)
-    suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test", tmp_path, None)
+    suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test")
     (run,) = pool.runs
     return gate, run
 

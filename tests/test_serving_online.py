@@ -188,3 +188,24 @@ def test_a_step_delay_of_15_percent_fails_the_paired_check_under_load(pytester: 
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "tpot_ratio" in out and "first look" in out and "pooled (the verdict)" in out, out
+
+
+def test_the_paired_memory_slope_catches_a_leak_in_a_session_that_applies_it(pytester: pytest.Pytester) -> None:
+    """``test_serving_memory_paired`` with ``plant-request-leak`` (64 KiB per request) in a session that applies the
+    plant to every server naming no profile (``--gate-profile``, as a team runs a candidate): the reference stays
+    unpatched (Note [the unpatched reference] in vramgate.engine.spec), so the difference of the two servers fails
+    on its bound. Before, the reference took the plant too and the difference read flat."""
+    project = _project(pytester, profiles=("plant-request-leak",))
+    (project.path / "vramgate.toml").write_text("[models.tiny-llama]\n")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "suites", "-k", "test_serving_memory_paired",
+                                          "--gate-profile", "plant-request-leak", "--gate-missing", "record",
+                                          "--gate-report", "out")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "memory_slope_difference" in out and "lower bound" in out, out
+    metric = _metric(project.path / "out" / "report.json", "memory_slope_difference")
+    assert metric["now"]["value"] == pytest.approx(64 << 20, rel=0.3), metric  # type: ignore[index]
+    data = json.loads((project.path / "out" / "report.json").read_text())
+    assert data["profiles"] == ["plant-request-leak"], data["profiles"]
+    leaks = [j for j in data["judgements"] if j["check"] == "leaks"]
+    assert [(j["profile"], j["state"]) for j in leaks] == [("plant-request-leak", "failed")], leaks

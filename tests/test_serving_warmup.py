@@ -29,6 +29,8 @@ from vramgate.pytest_plugin.fixture import Gate
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
+#: The shape sweep's requests before the warm-up chunks (Note [settled warm-up] in vramgate.engine.leak).
+SHAPES = leak.WarmUp().shapes
 
 SERVER = """
 import http.server, json, os, sys, threading, time
@@ -147,16 +149,17 @@ def _memory_test(suite: types.ModuleType, spec: EngineSpec, tmp_path: Path,
         request_rates=(4.0,), sustained_requests=600, sustained_concurrency=8)), engine_spec=lambda base: base)
     with ApiServer(spec, ROOT, tmp_path / "server", start_timeout_s=30) as server:
         pool = Pool(server)
-        suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test", tmp_path, None)
+        suite.test_serving_memory(gate, pool, "tiny-llama", case, tmp_path / "test")
     (run,) = pool.runs
     return gate, run
 
 
 def test_the_warm_up_stops_once_the_memory_settles_and_its_growth_is_not_read_as_a_leak(
         suite: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server grows 1 MiB per request over its first 100 requests (100 MiB: a fresh server's arenas), then
-    nothing: the warm-up runs until two chunks after that, the client skips the rest, and the slope passes."""
-    spec = _stand_in(tmp_path, warm_bytes=MIB, warm_requests=100)
+    """The server grows 1 MiB per request over its first 100 requests after the shape sweep (100 MiB: a fresh
+    server's arenas), then nothing: the warm-up runs until two chunks after that, the client skips the rest, and
+    the slope passes. The sweep ran first, one request at a time, its prompt lengths spread."""
+    spec = _stand_in(tmp_path, warm_bytes=MIB, warm_requests=100 + SHAPES)
     gate, run = _memory_test(suite, spec, tmp_path, monkeypatch)
     chunks = len(run.warmups[0])
     assert 4 <= chunks < run.warmup.most if run.warmup else False
@@ -164,8 +167,11 @@ def test_the_warm_up_stops_once_the_memory_settles_and_its_growth_is_not_read_as
     skipped = [p for p in sorted(plan_dir.glob("load-*.json")) if json.loads(p.read_text()).get("skipped")]
     assert len(skipped) == run.warmup.most - chunks  # the client was told, and skipped them
     assert run.warmup.settled(run.warmup_levels[0])
-    assert run.warmup_note(0)["warm_up"].startswith(f"warm-up settled after {chunks} chunks of 40 requests")
-    assert run.warmup_note(0)["warm_up_requests"] == 40 * chunks
+    assert run.warmup_note(0)["warm_up"].startswith(f"a shape sweep of {SHAPES} requests, then warm-up settled after "
+                                                    f"{chunks} chunks of 40 requests")
+    assert run.warmup_note(0)["warm_up_requests"] == SHAPES + 40 * chunks
+    (sweep,) = run.sweeps[0]
+    assert sweep.completed == SHAPES and sweep.load.max_concurrency == 1 and sweep.load.input_spread > 0.5
     slope = gate.metrics["memory_slope"]
     assert slope.fit is not None and slope.fit.warmup and check_budget(slope) is None, slope
     assert abs(slope.value) < 4 * MIB  # the 100 MiB of the warm-up is not in it
@@ -223,8 +229,8 @@ def test_the_paired_slope_judges_the_profiles_server_over_the_unpatched_one(
     monkeypatch.setattr(suite, "engine_tier", lambda: "cpu")
     monkeypatch.setattr(suite, "runnable_candidate", lambda ref, profile, mla: ref.replace(profile=profile.name))
     count = tmp_path / "completed"
-    ref_spec = _stand_in(tmp_path / "ref", warm_bytes=MIB, warm_requests=100, count=count)
-    cand_spec = _stand_in(tmp_path / "cand", warm_bytes=MIB, warm_requests=100, per_request=candidate_leak,
+    ref_spec = _stand_in(tmp_path / "ref", warm_bytes=MIB, warm_requests=100 + SHAPES, count=count)
+    cand_spec = _stand_in(tmp_path / "cand", warm_bytes=MIB, warm_requests=100 + SHAPES, per_request=candidate_leak,
                           count=count)
     gate = Gate("suites/serving/test_serving.py::test_serving_memory_paired[plant]", "serving")
     with ApiServer(ref_spec.replace(profile=None), ROOT, tmp_path / "a", start_timeout_s=30) as a, \

@@ -17,8 +17,8 @@ it over HTTP (:mod:`vramgate.engine.load`), so the figures are the ones a team's
   tier the slope of its device memory too (Note [device memory slope] there), held to
   :data:`DEVICE_MEMORY_SLOPE_CEILING`. Nightly, ``test_serving_memory_soak`` runs the same over the entry's
   ``soak_requests``, held to :data:`SOAK_SLOPE_CEILING`, and ``test_serving_memory_paired`` judges, per profile
-  (every one: its row's leaks cell), the slope of the difference between its server's memory and the unpatched one's under
-  the same load (Note [paired slopes] there).
+  (every one: its row's leaks cell), the slope of the difference between its server's memory and the unpatched
+  one's under the same load (Note [paired slopes] there).
 - ``test_serving_paired``, a case per profile that names the suite: the profile's server and the unpatched one up
   together, the same bursts in alternating order (Note [paired bursts]), the per-burst ratios of median TPOT and
   TTFT judged in-run, with a second look before a failure (as the paired engine tests do).
@@ -35,16 +35,14 @@ from pathlib import Path
 import pytest
 
 from vramgate import Gate
-from vramgate.testing import MatrixCase, ModelLoader, Servers, gate_session
+from vramgate.testing import MatrixCase, ModelLoader, Servers
 from vramgate.testing.engines import EngineSpec, engine_tier, unpaired_latency_tolerance
 from vramgate.testing.profiles import Profile, runnable_candidate, skip_unmet, unpatched
 from vramgate.testing.serving import (
-    UNSETTLED_SERVERS,
     LoadRun,
     ServingLoad,
     device_memory_slope,
     memory_slope,
-    memory_slope_problem,
     paired_burst,
     paired_settings,
     paired_slope,
@@ -110,16 +108,6 @@ def test_serving_load(gate: Gate, servers: Servers, model: str, request_rate: fl
                "suites/pressure/test_recall_models.py)")
 
 
-def _skip_unsettled(request: pytest.FixtureRequest, project_root: Path, load: str) -> None:
-    """Skip a memory slope test of *load* on a machine whose unchanged server was measured not settling (Note
-    [unsettled servers] in vramgate.testing.serving), before its load starts."""
-    if not (project_root / UNSETTLED_SERVERS).is_file():  # no machine listed: nothing to ask of the session
-        return
-    problem = memory_slope_problem(project_root, gate_session(request.config).fingerprint.key, load)
-    if problem:
-        pytest.skip(problem)
-
-
 def _memory(gate: Gate, run: LoadRun, ceiling: float, output_len: int) -> None:
     """Record the memory figures of *run*'s last load on its first server: the slopes per request and per output
     token over the measured part (after the settled warm-up), with their fits, and the resident size. The
@@ -146,17 +134,14 @@ def _memory(gate: Gate, run: LoadRun, ceiling: float, output_len: int) -> None:
         gate.conditions.append({"device_memory_slope": device.source})
 
 
-@pytest.mark.gate_inputs(str(UNSETTLED_SERVERS))
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
-def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path,
-                        project_root: Path, request: pytest.FixtureRequest) -> None:
+def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase, tmp_path: Path) -> None:
     """The server's memory over a sustained load, after a warm-up until it settled: its slopes per 1,000 requests
     and per 1,000 output tokens with their bounds (the report draws them), and its resident size; on the GPU tier
     its device memory's slope too, and which figure of NVML that slope was fitted to (the report's
-    ``gpu_conditions``). Skipped on a machine whose unchanged server does not settle (Note [unsettled servers])."""
+    ``gpu_conditions``)."""
     assert matrix_case.entry.load is not None
-    _skip_unsettled(request, project_root, "pre-merge")
     server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
     warmup, sustained = sustained_loads(matrix_case.entry.load)
     run = servers.loads(server, [sustained], tmp_path / "load", warmup=warmup)
@@ -166,14 +151,12 @@ def test_serving_memory(gate: Gate, servers: Servers, model: str, matrix_case: M
 
 @pytest.mark.gate_nightly("the soak: a sustained load of thousands of requests (about 5 minutes on 2 cores), which "
                           "sets the lower leak floor; pre-merge runs the short one (test_serving_memory)")
-@pytest.mark.gate_inputs(str(UNSETTLED_SERVERS))
 @pytest.mark.gate_together("serving servers")
 @pytest.mark.gate_matrix("serving", id="{model}")
 def test_serving_memory_soak(gate: Gate, servers: Servers, model: str, matrix_case: MatrixCase,
-                             tmp_path: Path, project_root: Path, request: pytest.FixtureRequest) -> None:
+                             tmp_path: Path) -> None:
     """The memory test's figures over the entry's soak (``soak_requests``), held to the soak's lower ceilings."""
     assert matrix_case.entry.load is not None
-    _skip_unsettled(request, project_root, "soak")
     server = servers.get(matrix_case.engine_spec(BASE.replace(model=model)))
     warmup, soak = sustained_loads(matrix_case.entry.load, soak=True)
     run = servers.loads(server, [soak], tmp_path / "load", warmup=warmup)

@@ -25,6 +25,14 @@ that never settles (a leak does not) stops warming up after :attr:`WarmUp.most` 
 its fit shows the growth. The threshold and the counts were measured on 2 cores (docs/online-serving.md, "The leak
 floor").
 
+A server's kernels keep state per batch shape too: vLLM's CPU linear layers keep a oneDNN primitive per number of
+tokens in a step, 32 per layer (Note [oneDNN's shape cache] in :mod:`vramgate.engine.server`), and a sustained load
+meets new step sizes for hundreds of requests, each growing the worker's memory, by steps, until every layer
+keeps 32 and then only replaces them. The chunks, all of one load's shape, left that growth in the measured part.
+So the warm-up begins with a *shape sweep* (:attr:`WarmUp.shapes` requests, one at a time, their prompt lengths
+spread from 5% to 195% of the load's): each request's prefill is a step of its own length, so the sweep meets
+more step sizes than a layer keeps, in seconds, and the chunks then see the kept set only replaced.
+
 Note [paired slopes]: a profile's server and the unpatched one take the same load, chunk by chunk in turn, and the
 gate fits the difference of their memory at matched completed requests: what both servers do alike (the machine's
 page cache, the interpreter's own growth under the same traffic) cancels, and what the profile adds remains. The
@@ -91,9 +99,12 @@ class WarmUp:
     steady: int = 1
     """Consecutive chunks whose level rose by at most :attr:`growth_per_request` per request."""
     growth_per_request: float = 16 * 1024
+    shapes: int = 96
+    """Requests of the shape sweep that runs before the chunks, one at a time, prompt lengths spread; 0: none."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.least <= self.most or self.chunk < 8 or self.steady < 1 or self.growth_per_request < 0:
+        if (not 1 <= self.least <= self.most or self.chunk < 8 or self.steady < 1 or self.growth_per_request < 0
+                or self.shapes < 0):
             raise ValueError(f"not a warm-up: {self}")
 
     def settled(self, levels: Sequence[float]) -> bool:

@@ -50,6 +50,8 @@ class Load:
     max_concurrency: int | None = None
     input_len: int = 64
     output_len: int = 32
+    input_spread: float = 0.0
+    """The ``random`` dataset's range ratio: input lengths drawn from ``input_len`` x (1 -/+ this); 0: all equal."""
     seed: int = 0
     trace: str | None = None
     """A ``timed_trace`` JSONL file (see :func:`write_timed_trace`): the requests' lengths (and arrival times) from
@@ -82,7 +84,7 @@ def client_argv(load: Load, server: ApiServer, *, label: str) -> list[str]:
                  "--self-timed" if load.self_timed else "--no-self-timed"]
     else:
         argv += ["--dataset-name", "random", "--random-input-len", str(load.input_len), "--random-output-len",
-                 str(load.output_len), "--random-range-ratio", "0"]
+                 str(load.output_len), "--random-range-ratio", f"{load.input_spread:g}"]
     if load.max_concurrency:
         argv += ["--max-concurrency", str(load.max_concurrency)]
     if load.goodput:
@@ -232,13 +234,20 @@ class LoadRun:
     """Each server's level after each of its warm-up chunks (Note [settled warm-up] in :mod:`vramgate.engine.leak`)."""
     warmup: WarmUp | None = None
     """The warm-up the servers ran, if any."""
+    sweeps: list[list[LoadResult]] = field(default_factory=list)
+    """Each server's shape sweep before its warm-up chunks (Note [settled warm-up] in :mod:`vramgate.engine.leak`);
+    empty lists without one."""
 
     def warmup_note(self, server: int = 0) -> dict[str, Any]:
-        """How *server*'s warm-up went, for a test's conditions: a line, and the requests it took."""
+        """How *server*'s warm-up went, for a test's conditions: a line, and the requests it took (the shape sweep's
+        too)."""
         if self.warmup is None:
             return {"warm_up": "none"}
-        return {"warm_up": self.warmup.describe(self.warmup_levels[server], len(self.warmups[server])),
-                "warm_up_requests": sum(r.completed for r in self.warmups[server])}
+        sweep = self.sweeps[server] if self.sweeps else []
+        line = self.warmup.describe(self.warmup_levels[server], len(self.warmups[server]))
+        if sweep:
+            line = f"a shape sweep of {sum(r.completed for r in sweep)} requests, then {line}"
+        return {"warm_up": line, "warm_up_requests": sum(r.completed for r in [*sweep, *self.warmups[server]])}
 
     def measured_from(self, server: int = 0) -> float:
         """When *server*'s first load after its warm-up began (monotonic clock)."""
@@ -255,6 +264,19 @@ def _warmup_items(items: list[tuple[int, Load, str]], servers: int, warmup: Warm
     first = {i: load for i, load, _ in reversed(items)}
     return [(i, dataclasses.replace(first[i], num_prompts=warmup.chunk, seed=first[i].seed + 7919 * (k + 1)),
              f"warmup-{k}-{i}") for k in range(warmup.most) for i in range(servers) if i in first]
+
+
+def _sweep_items(items: list[tuple[int, Load, str]], servers: int, warmup: WarmUp) -> list[tuple[int, Load, str]]:
+    """The shape sweep of *warmup* for each of *servers* (Note [settled warm-up] in :mod:`vramgate.engine.leak`):
+    requests one at a time, their prompt lengths spread around each one's first load's, two tokens out."""
+    first = {i: load for i, load, _ in reversed(items)}
+    return [(i, Load(num_prompts=warmup.shapes, max_concurrency=1, input_len=max(first[i].input_len, 8), output_len=2,
+                     input_spread=SWEEP_SPREAD, seed=first[i].seed + 104729), f"shapes-{i}")
+            for i in range(servers) if i in first]
+
+
+#: The shape sweep's spread of prompt lengths (the client's range ratio, below 1).
+SWEEP_SPREAD = 0.95
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:
@@ -275,12 +297,14 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.glob("load-*.json"), *run_dir.glob("go-*.json")]:
         stale.unlink()
+    sweeps = _sweep_items(items, len(servers), warmup) if warmup and warmup.shapes else []
     chunks = _warmup_items(items, len(servers), warmup) if warmup else []
-    everything = chunks + items
+    everything = sweeps + chunks + items
+    skip = len(sweeps)  # the warm-up chunks' indices below are counted from the first chunk
     paths = [run_dir / f"load-{n:03d}.json" for n in range(len(everything))]
     conditional = {n for n in range(len(chunks)) if warmup and n >= warmup.least * len(set(i for i, _, _ in items))}
     plan = [{"argv": client_argv(load, servers[i], label=label), "result": str(path),
-             **({"wait": str(run_dir / f"go-{n:03d}.json")} if n in conditional else {})}
+             **({"wait": str(run_dir / f"go-{n - skip:03d}.json")} if n - skip in conditional else {})}
             for n, ((i, load, label), path) in enumerate(zip(everything, paths, strict=True))]
     plan_path = run_dir / "plan.json"
     plan_path.write_text(json.dumps({"loads": plan}, indent=1), encoding="utf-8")
@@ -303,10 +327,10 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
                     raise ServerError(f"vLLM's benchmark client ran past {timeout:g} s against "
                                       f"{', '.join(s.describe() for s in servers)}", process.tail(log_path), run_dir)
                 if warmup is not None:
-                    _steer(warmup, chunks, paths, conditional, sampler, levels, leveled, decided, run_dir)
+                    _steer(warmup, chunks, paths[skip:], conditional, sampler, levels, leveled, decided, run_dir)
                 time.sleep(0.2)
             if warmup is not None:  # the last chunks' levels, if the client ended before the loop read them
-                _steer(warmup, chunks, paths, conditional, sampler, levels, leveled, decided, run_dir)
+                _steer(warmup, chunks, paths[skip:], conditional, sampler, levels, leveled, decided, run_dir)
         finally:
             process.kill_group(proc, grace_s=1.0)
     if proc.returncode != 0:
@@ -316,6 +340,7 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
                           process.tail(log_path), run_dir)
     results: list[list[LoadResult]] = [[] for _ in servers]
     warmups: list[list[LoadResult]] = [[] for _ in servers]
+    swept: list[list[LoadResult]] = [[] for _ in servers]
     for n, ((i, load, _), path) in enumerate(zip(everything, paths, strict=True)):
         data = _read_result(path)
         if data is None:
@@ -328,8 +353,8 @@ def run_plan(items: list[tuple[int, Load, str]], servers: Sequence[ApiServer], r
             first = result.errors[0] if result.errors else "(no error text)"
             raise ServerError(f"{result.failed} of {load.num_prompts} requests failed on {servers[i].describe()} "
                               f"({load.describe()}); first error: {first}", servers[i].tail(), servers[i].run_dir)
-        (warmups if n < len(chunks) else results)[i].append(result)
-    return LoadRun(results, sampler.samples, sampler.device, warmups, levels, warmup)
+        (swept if n < skip else warmups if n < skip + len(chunks) else results)[i].append(result)
+    return LoadRun(results, sampler.samples, sampler.device, warmups, levels, warmup, swept)
 
 
 def _steer(warmup: WarmUp, chunks: list[tuple[int, Load, str]], paths: list[Path], conditional: set[int],

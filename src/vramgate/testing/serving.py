@@ -28,14 +28,12 @@ from vramgate.matrix import Entry, ServingLoad
 from vramgate.runtime import process, quiet
 
 __all__ = [
-    "UNSETTLED_SERVERS",
     "LoadRun",
     "Servers",
     "ServingLoad",
     "WarmUp",
     "device_memory_slope",
     "memory_slope",
-    "memory_slope_problem",
     "paired_burst",
     "paired_settings",
     "paired_slope",
@@ -227,45 +225,3 @@ def paired_burst(load: ServingLoad) -> Load:
     :mod:`vramgate.engine.paired_load`)."""
     return Load(num_prompts=load.paired_requests, request_rate=math.inf, max_concurrency=load.paired_concurrency,
                 input_len=load.input_len, output_len=load.output_len, seed=100)
-
-
-#: Where the machines are listed whose unchanged server's memory grows past what a memory slope test allows (Note
-#: [unsettled servers]), relative to the project's root.
-UNSETTLED_SERVERS = Path("calibration") / "unsettled-servers.json"
-
-
-def memory_slope_problem(root: Path, key: str, load: str) -> str | None:
-    """Why the memory slope of *load* (``pre-merge`` or ``soak``) cannot be judged on the machine of hardware key
-    *key*, from the project's :data:`UNSETTLED_SERVERS`; None when it can (no record, or none for that load).
-    ``ValueError`` naming the file and the field when the record is malformed.
-
-    Note [unsettled servers]: a memory slope test holds the slope of an unchanged server's resident memory to an
-    allowance set where that server settles after its warm-up (docs/online-serving.md, "The leak floor"). On a
-    machine whose unchanged server keeps growing, by steps that differ from run to run, the pre-merge load cannot
-    tell the leak it is meant to catch from the server's own growth: there a red would say nothing about the change
-    under test. Such a machine is listed, with what was measured there, and the test skips on it with that reason,
-    before it starts a load; a leak there is left to the tests that compare two servers under the same load
-    (``test_serving_memory_paired``), and the record goes once the server settles (a vLLM release, a kernel library)
-    or a load long enough to settle is measured."""
-    import json
-
-    path = root / UNSETTLED_SERVERS
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a JSON object of hardware keys")
-    record = data.get(key)
-    if record is None:
-        return None
-    if not isinstance(record, dict) or not all(isinstance(v, str) for v in record.values()):
-        raise ValueError(f"{path}: {key}: an object of texts (measured, and what each load saw)")
-    seen = record.get(load)
-    if seen is None:
-        return None
-    return (f"the memory slope is not judged on {key}: its unchanged server's memory does not settle here "
-            f"({seen}; measured {record.get('measured', '?')}, {UNSETTLED_SERVERS}; Note [unsettled servers] in "
-            f"vramgate.testing.serving)")
