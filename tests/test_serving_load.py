@@ -71,6 +71,9 @@ def test_the_client_command_line_is_vllm_bench_serve() -> None:
     trace = client_argv(Load(trace="/t.jsonl"), _FakeServer(), label="y")  # type: ignore[arg-type]
     assert trace[trace.index("--dataset-name") + 1] == "timed_trace" and "--random-input-len" not in trace
     assert "inf" in client_argv(Load(), _FakeServer(), label="z")  # type: ignore[arg-type]
+    assert pairs["--random-range-ratio"] == "0"  # every prompt of a load as long as the others
+    spread = dict(itertools.pairwise(client_argv(Load(input_spread=0.95), _FakeServer(), label="s")))  # type: ignore[arg-type]
+    assert spread["--random-range-ratio"] == "0.95"  # the shape sweep's (Note [settled warm-up])
 
 
 def test_a_timed_trace_gives_each_request_its_own_prompt_after_a_shared_prefix(tmp_path: Path) -> None:

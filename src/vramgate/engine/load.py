@@ -62,6 +62,10 @@ class Load:
     """SLOs in milliseconds by the client's names (``ttft``, ``tpot``, ``e2el``): goodput counts the requests
     that meet all of them."""
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.input_spread < 1.0:  # vLLM's client refuses a range ratio outside [0, 1)
+            raise ValueError(f"a load's input_spread is in [0, 1), got {self.input_spread}")
+
     def describe(self) -> str:
         """One line: the load."""
         rate = "all at once" if math.isinf(self.request_rate) else f"{self.request_rate:g} req/s"

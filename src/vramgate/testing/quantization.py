@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from vramgate.core.claims import ClaimVerdict
-from vramgate.engine import EngineResult, EngineSpec, engine_tier, kernel_problem
+from vramgate.engine import UNPATCHED, EngineResult, EngineSpec, engine_tier, kernel_problem
 from vramgate.models.checkpoints import Checkpoint, dequantize, reference_weights
 from vramgate.models.config import read_config
 from vramgate.models.quant import SCHEMES, checkpoint_tensors, format_bytes, kv_gain_tokens, layout, weight_size
@@ -164,8 +164,10 @@ class QuantRuns:
 
     def __init__(self, engine: Engine, checkpoints: Checkpoints) -> None:
         self.engine, self.checkpoints = engine, checkpoints
-        self.reference = small_run_spec(MODEL)
-        self.accuracy_reference = accuracy_reference_spec()
+        # the bf16 references are unpatched whatever the session applies (Note [the unpatched reference] in
+        # vramgate.engine.spec): a quantized profile is judged against the unquantized, unpatched engine
+        self.reference = small_run_spec(MODEL).replace(profile=UNPATCHED)
+        self.accuracy_reference = accuracy_reference_spec().replace(profile=UNPATCHED)
 
     @property
     def kv_budget(self) -> int:
