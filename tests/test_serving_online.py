@@ -183,8 +183,9 @@ def test_a_step_delay_of_15_percent_fails_the_paired_check_under_load(pytester: 
     (project.path / "vramgate.toml").write_text("[models.tiny-llama]\n")
     manifest = project.path / "patches" / "plant-step-delay" / "manifest.toml"
     manifest.write_text(manifest.read_text().replace("suites = []", 'suites = ["serving"]'))
-    result = project.runpytest_subprocess("-p", "no:cacheprovider", "suites", "-k", "paired", "--gate-missing",
-                                          "record", "--gate-report", "out")
+    # the paired A/B alone (test_serving_memory_paired judges every profile too: its leaks cell)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "suites", "-k", "test_serving_paired",
+                                          "--gate-missing", "record", "--gate-report", "out")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "tpot_ratio" in out and "first look" in out and "pooled (the verdict)" in out, out
