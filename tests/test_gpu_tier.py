@@ -308,7 +308,7 @@ def test_a_backend_profile_runs_its_block_size_and_keeps_the_capacity(monkeypatc
     gate = Gate("t::capacity", "attention")
     module.test_backend_kv_capacity(gate, engine, flashmla)
     assert [s.block_size for s in engine.specs] == [64, 16]  # FlashMLA's, then the automatic choice's
-    assert engine.specs[0].profile == "attention-flashmla" and engine.specs[1].profile is None
+    assert engine.specs[0].profile == "attention-flashmla" and not engine.specs[1].profile  # its reference: UNPATCHED
     assert gate.metrics["kv_block_size"].value == 64
     assert gate.metrics["peak_allocated_bytes"].effective_scope == "machine"
     with pytest.raises(AssertionError, match="moved the KV capacity at a fixed budget by 64 tokens"):

@@ -84,6 +84,9 @@ def test_the_diff_column_says_whether_a_watching_run_executed_the_diff() -> None
     (row,) = profile_rows(["p"], [Judgement("p", c, T + c, "passed", lines_ran=0, lines_changed=4)
                                   for c in COLUMNS if c != DIFF_RAN])
     assert row.verdict == "partly judged"  # every check passed, but none ran its code
+    (row,) = profile_rows(["p"], [Judgement("p", c, T + c, "nightly" if c == "leaks" else "passed")
+                                  for c in COLUMNS if c != DIFF_RAN])
+    assert row.verdict == "safe pre-merge"  # every check that ran passed; leaks waits for the nightly tier
 
 
 def test_judgements_read_back_and_bad_ones_are_refused() -> None:

@@ -134,13 +134,16 @@ class ProfileRow:
     @property
     def verdict(self) -> str:
         """``regression`` (a check failed), ``safe on what ran`` (every check passed and its diff ran, or it has
-        none), or ``partly judged``."""
+        none), ``safe pre-merge`` (so, but some checks wait for the nightly tier), or ``partly judged``."""
         if self.failed:
             return "regression"
         diff = self.cells.get(DIFF_RAN)
         diff_ok = diff is None or diff.state == "passed" or diff.reasons[:1] == (NO_WATCH,)
-        if diff_ok and all(c.state == "passed" for k, c in self.cells.items() if k != DIFF_RAN):
+        states = {c.state for k, c in self.cells.items() if k != DIFF_RAN}
+        if diff_ok and states <= {"passed"}:
             return "safe on what ran"
+        if diff_ok and states <= {"passed", "nightly"}:
+            return "safe pre-merge"
         return "partly judged"
 
     def to_json(self) -> dict[str, Any]:

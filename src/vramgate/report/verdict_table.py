@@ -59,14 +59,14 @@ def short(cell: Cell, marks: dict[str, str] = MARKS) -> str:
 
 def verdict_mark(row: ProfileRow) -> str:
     """The row's verdict as the table's second column shows it."""
-    return {"regression": "❌ regression", "safe on what ran": "✅ safe", "partly judged": "⚠️ partly judged"}[
-        row.verdict]
+    return {"regression": "❌ regression", "safe on what ran": "✅ safe",
+            "safe pre-merge": "✅ safe pre-merge, 🌙 rest nightly", "partly judged": "⚠️ partly judged"}[row.verdict]
 
 
 def html_verdict(row: ProfileRow) -> str:
     """The row's verdict on the HTML page."""
-    return {"regression": "✗ regression", "safe on what ran": "✓ safe", "partly judged": "⚠ partly judged"}[
-        row.verdict]
+    return {"regression": "✗ regression", "safe on what ran": "✓ safe",
+            "safe pre-merge": "✓ safe pre-merge, rest nightly", "partly judged": "⚠ partly judged"}[row.verdict]
 
 
 def markdown_lines(rows: list[ProfileRow]) -> list[str]:
