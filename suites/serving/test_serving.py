@@ -205,6 +205,11 @@ def test_serving_paired(gate: Gate, servers: Servers, model_shape: ModelLoader, 
                            noise_in_looks=True)  # every look was judged with gate.paired_checks (also, above)
 
 
+#: The allowance of the paired memory slope (the difference of the two servers), per 1,000 requests: the soak's, as
+#: its 1,000 requests per server after both warm-ups are a soak's length and what both servers do alike cancels. The
+#: runs that chose it (an unchanged pair, planted leaks of 16 and 64 KiB per request): docs/online-serving.md, "The
+#: paired slope".
+PAIRED_SLOPE_CEILING = SOAK_SLOPE_CEILING
 #: Rounds of the paired memory test: each round, each server takes one chunk of the load, in turn.
 PAIRED_MEMORY_ROUNDS = 10
 #: Requests per chunk of the paired memory test (so each server serves ROUNDS x this, after its warm-up).
@@ -220,7 +225,7 @@ def test_serving_memory_paired(gate: Gate, servers: Servers, model_shape: ModelL
                                tmp_path: Path) -> None:
     """The profile's server and the unpatched one under the same load, chunk by chunk in turn, after each warmed up
     until its memory settled: the slope of the difference of their resident memory, per 1,000 requests (Note
-    [paired slopes] in vramgate.engine.leak), held to the pre-merge allowance. Every profile's, whatever suites it
+    [paired slopes] in vramgate.engine.leak), held to :data:`PAIRED_SLOPE_CEILING`. Every profile's, whatever suites it
     names: its row's leaks cell (Note [profile verdict] in vramgate.core.verdicts)."""
     skip_unmet(profile)
     if profile.checkpoint is not None:
@@ -240,6 +245,6 @@ def test_serving_memory_paired(gate: Gate, servers: Servers, model_shape: ModelL
     done = [[c for result in run.results[i] for c in result.completions] for i in (0, 1)]
     slope = paired_slope(run.memory[0], run.memory[1], done[0], done[1], run.measured_from(0),
                          run.measured_from(1))
-    gate.record("memory_slope_difference", round(slope.per_1k), unit="B/1k requests", ceiling=MEMORY_SLOPE_CEILING,
+    gate.record("memory_slope_difference", round(slope.per_1k), unit="B/1k requests", ceiling=PAIRED_SLOPE_CEILING,
                 scope="machine", history=False, fit=slope.fit)
     gate.conditions += [{"server": "reference", **run.warmup_note(0)}, {"server": "candidate", **run.warmup_note(1)}]
