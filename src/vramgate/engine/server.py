@@ -52,13 +52,14 @@ ONEDNN_CACHE_CAPACITY = "0"
 # (``dispatch_cpu_unquantized_gemm`` in vllm/model_executor/layers/utils.py: ``create_onednn_mm(weight, 32)``), and
 # a oneDNN matmul primitive is made, just in time, for each number of tokens in a step (M). Each layer's handler
 # keeps 32 of them; oneDNN keeps every primitive made in its process-wide cache too, up to 1,024 by default. A
-# server under load meets new step sizes for thousands of requests (its batches of prefills and decodes combine in
+# server under load meets new step sizes for hundreds of requests (its batches of prefills and decodes combine in
 # many ways), and each new one kept memory in the engine's worker: its anonymous memory grew in steps, per request,
 # past the leak allowance on the AVX-512 kernels (far less on the AVX2 path's). That is a bounded
 # cache filling, not a leak, but it fills for longer than any warm-up the gate can afford, and it read as a leak. The
 # gate's CPU servers therefore run with oneDNN's process-wide cache off (capacity 0): the layers' own handlers still
 # keep their 32 shapes each, so a step size the load repeats is not made again, and the server settles once its
-# handlers are full. Measured: docs/online-serving.md, "oneDNN's shape cache".
+# handlers are full, which the warm-up's shape sweep sees to (Note [settled warm-up] in vramgate.engine.leak).
+# Measured: docs/online-serving.md, "oneDNN's shape cache".
 
 
 class ServerError(EngineError):

@@ -46,8 +46,8 @@ KV_TOO_SMALL = "KV cache budget too small for one request of max_model_len"
 #:
 #: Note [the unpatched reference]: a paired check compares a profile's engine (server) with the unpatched one, and a
 #: session's ``--gate-profile`` applies its profile to every spec that names none. A reference that named none
-#: was patched too, so the check compared the profile with itself and passed whatever it did (a server keeping
-#: 128 KiB per request read -2 MiB per 1,000 requests in the paired memory slope). A reference is therefore
+#: was patched too, so the check compared the profile with itself and passed whatever it did (the paired memory
+#: slope read flat under a planted leak: docs/online-serving.md, "The paired slope"). A reference is therefore
 #: :data:`UNPATCHED`: it runs what a spec naming no profile runs (the same key, so one run or server serves both)
 #: and no session profile reaches it.
 UNPATCHED = ""
