@@ -57,16 +57,20 @@ def short(cell: Cell, marks: dict[str, str] = MARKS) -> str:
     return mark
 
 
+#: A row's verdict as report.md and the HTML page show it (emoji there, signs every font has here).
+VERDICTS = {"regression": ("❌ regression", "✗ regression"), "safe on what ran": ("✅ safe", "✓ safe"),
+            "safe pre-merge": ("✅ safe pre-merge, 🌙 rest nightly", "✓ safe pre-merge, rest nightly"),
+            "partly judged": ("⚠️ partly judged", "⚠ partly judged")}
+
+
 def verdict_mark(row: ProfileRow) -> str:
     """The row's verdict as the table's second column shows it."""
-    return {"regression": "❌ regression", "safe on what ran": "✅ safe",
-            "safe pre-merge": "✅ safe pre-merge, 🌙 rest nightly", "partly judged": "⚠️ partly judged"}[row.verdict]
+    return VERDICTS[row.verdict][0]
 
 
 def html_verdict(row: ProfileRow) -> str:
     """The row's verdict on the HTML page."""
-    return {"regression": "✗ regression", "safe on what ran": "✓ safe",
-            "safe pre-merge": "✓ safe pre-merge, rest nightly", "partly judged": "⚠ partly judged"}[row.verdict]
+    return VERDICTS[row.verdict][1]
 
 
 def markdown_lines(rows: list[ProfileRow]) -> list[str]:

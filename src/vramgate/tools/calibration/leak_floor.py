@@ -46,14 +46,6 @@ def _fit(points: Sequence[tuple[float, float]], per: str = "request") -> Any:
     return fit_leak(points, per=per)
 
 
-def _fits(points: Sequence[tuple[float, float]]) -> bool:
-    try:
-        fit_leak(points)
-    except ValueError:
-        return False
-    return True
-
-
 def window_points(server: dict[str, Any], window: tuple[float, float], per: str = "request",
                   added: float = 0.0) -> list[tuple[float, float]]:
     """The samples of *server* (a campaign's record) within *window* (its moments), placed at the requests (tokens)
@@ -109,9 +101,13 @@ def analyze(data: dict[str, Any], allowance: float, soak_allowance: float, reque
     unchanged: list[list[tuple[float, float]]] = []
     unchanged_soaks: list[list[tuple[float, float]]] = []
     for name, server in zip(data["names"], data["servers"], strict=True):
-        # a window too short in samples to fit (a fast machine, a sampler slowed by many servers) is left out
-        windows = [w for w in windows_of(server, requests) if _fits(window_points(server, w))]
-        fits = [_fit(window_points(server, w)) for w in windows]
+        windows, fits = [], []
+        for w in windows_of(server, requests):
+            try:
+                fits.append(_fit(window_points(server, w)))
+            except ValueError:  # too few samples to fit (a fast machine, a sampler slowed by many servers): left out
+                continue
+            windows.append(w)
         whole = [(float(a), float(b)) for a, b in server["loads"]]
         soaks = [_fit(window_points(server, w)) for w in whole]
         per_token = [_fit(window_points(server, w, "token"), "token") for w in windows]
