@@ -218,11 +218,11 @@ def test_only_a_recall_model_loaded_with_its_weights_answers(tmp_path: Path) -> 
 def test_each_profiles_default_expectation() -> None:
     expect = {name: load_profile(ROOT / "patches" / name).outputs for name in
               ("block-manager-watermark", "block-manager-min-recompute", "stream-priority-copies", "kv-fp8",
-               "attention-flashmla", "quant-awq", "calibrate-extra-kv-block")}
+               "attention-flashmla", "quant-awq")}
     assert {n: e.expect for n, e in expect.items()} == {
         "block-manager-watermark": "identical", "block-manager-min-recompute": "identical",
         "stream-priority-copies": "identical", "kv-fp8": "close", "attention-flashmla": "close",
-        "quant-awq": "accuracy", "calibrate-extra-kv-block": "identical"}
+        "quant-awq": "accuracy"}
     assert expect["kv-fp8"].origin == 'default for kv_cache_dtype = "fp8"' and expect["kv-fp8"].top_k == TOP_K
     assert expect["quant-awq"].max_accuracy_drop == DEFAULT_MAX_ACCURACY_DROP
     assert default_expectation(("tp_overlap", "cuda_graphs"), {}, None).origin == \

@@ -183,10 +183,17 @@ def test_the_testing_facade_holds_the_fixtures_classes_and_the_marks() -> None:
 
 
 def test_the_package_says_it_is_typed_and_ships_its_default_matrix() -> None:
-    """PEP 561: ``py.typed`` ships with the package, so users' type checkers read the typed fixtures; so does the
-    built-in default matrix (package data, read with importlib.resources)."""
+    """PEP 561: ``py.typed`` ships with the package, so users' type checkers read the typed fixtures; so do the
+    built-in default matrix (package data, read with importlib.resources) and the calibration's own plants (a
+    manifest and its diffs each, which ``vramgate calibrate`` applies in a team's project)."""
     import tomllib
+
+    from vramgate.tools.calibration.engine_latency import PLANTED_EXACT, PLANTS
 
     assert (PACKAGE / "py.typed").is_file() and (PACKAGE / "matrix" / "default.toml").is_file()
     pyproject = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
-    assert pyproject["tool"]["setuptools"]["package-data"]["vramgate"] == ["py.typed", "matrix/default.toml"]
+    data = pyproject["tool"]["setuptools"]["package-data"]["vramgate"]
+    assert data == ["py.typed", "matrix/default.toml", "tools/calibration/plants/*/*"]
+    plants = {c["plant"] for c, _ in PLANTED_EXACT.values() if "plant" in c}
+    assert plants and all(sorted((PLANTS / p).iterdir()) == sorted(PACKAGE.glob(f"{data[2][:-3]}{p}/*"))
+                          and (PLANTS / p / "manifest.toml").is_file() for p in plants)

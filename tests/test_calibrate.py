@@ -14,6 +14,7 @@ from vramgate.engine import EngineError, EngineSpec
 from vramgate.engine.paired import EngineServer, Round, paired_defaults, round_ratios, round_stat
 from vramgate.tools.calibration.engine_latency import (
     PLANTED_EXACT,
+    PLANTS,
     Rate,
     Trial,
     analyze,
@@ -96,12 +97,29 @@ def test_compare_exact_catches_planted_regressions_and_nothing_else() -> None:
     assert compare_exact(_result(), _result(capacity_tokens=8193)) == []  # better is not a regression
 
 
+def test_the_calibrations_plants_apply_to_the_pinned_vllm() -> None:
+    """The campaign's plants ship with the gate, outside every project's ``patches/`` (no suite judges them, so no
+    suite checks that they apply): each applies as it stands to the pinned vLLM's source (``tox -e unit`` fetches
+    it and names it in ``VRAMGATE_REHEARSAL_VLLM``)."""
+    from vramgate.profiles import check_applicability, load_profile
+
+    given = os.environ.get("VRAMGATE_REHEARSAL_VLLM")
+    if not given:
+        pytest.skip("VRAMGATE_REHEARSAL_VLLM names no vLLM source (tox -e unit sets it)")
+    plants = sorted(c["plant"] for c, _ in PLANTED_EXACT.values() if "plant" in c)
+    assert plants == ["calibrate-extra-kv-block"]
+    for name in plants:
+        profile = load_profile(PLANTS / name)
+        result = check_applicability(profile, Path(given), "0.32.0")
+        assert (result.status, result.in_target, result.conflicts) == ("applies", True, ()), result.summary()
+
+
 def test_run_exact_counts_false_alarms_and_detections() -> None:
     calls = []
 
     def run(label: str, changes: dict[str, object]) -> dict[str, dict[str, float | None]]:
         calls.append(label)
-        if changes.get("profile") == "calibrate-extra-kv-block":
+        if changes.get("plant") == "calibrate-extra-kv-block":
             return _result(peak_blocks_in_use=112)
         if changes.get("env"):
             return _result(weights_bytes=1_010_000)

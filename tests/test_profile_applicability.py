@@ -394,7 +394,6 @@ def test_the_planted_profile_applies_to_the_pinned_release_and_conflicts_on_the_
 #: What the repository's profiles do on vLLM 0.31.0: the status and the offsets of the moved hunks.
 OBSERVED_ON_0_31_0 = {
     "block-manager-min-recompute": ("offsets", [("vllm/v1/core/sched/scheduler.py", 1, -31)]),
-    "calibrate-extra-kv-block": ("offsets", [("vllm/v1/core/single_type_kv_cache_manager.py", 1, 3)]),
     "stream-priority-copies": ("offsets", [
         ("vllm/v1/worker/gpu/model_runner.py", 1, -9), ("vllm/v1/worker/gpu/spec_decode/utils.py", 1, -19),
         ("vllm/v1/worker/gpu/structured_outputs.py", 1, -37), ("vllm/v1/worker/gpu_model_runner.py", 1, 16),

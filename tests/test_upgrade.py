@@ -14,6 +14,7 @@ from vramgate.core.versions import UnsupportedVersion, pick
 from vramgate.report.upgrade import upgrade_markdown
 from vramgate.runtime import engine_env
 from vramgate.tools import upgrade as up
+from vramgate.tools.calibration.engine_latency import PLANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 HW = ("--gate-hardware", "test-hw")
@@ -280,7 +281,7 @@ def test_planted_block_in_one_environment_is_caught_by_the_upgrade(tmp_path: Pat
 
     new = engine_env.probe(sys.executable).require_vllm()
     old = engine_env.probe(str(OTHER)).require_vllm()
-    plant = load_profile(ROOT / "patches" / "calibrate-extra-kv-block")
+    plant = load_profile(PLANTS / "calibrate-extra-kv-block")
     planted = planted_env(tmp_path / "planted", sys.executable, site_packages(Path(sys.executable)), str(new.vllm),
                           plant)
     assert engine_env.probe(str(planted)).vllm == new.vllm

@@ -19,13 +19,16 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramgate.core.records import RecordFormat, record_fields
 from vramgate.machine import hardware
 from vramgate.models.config import ModelConfigError, ModelShape, load_model, read_config
 from vramgate.runtime import engine_env
 from vramgate.workloads import GENERATORS, WorkloadError, available_workloads
+
+if TYPE_CHECKING:
+    from vramgate.profiles import Profile
 
 #: Block sizes the gate runs (GPU backends take all; vLLM's CPU backends: see :func:`cpu_backend_problem`).
 BLOCK_SIZES = (16, 32, 64, 128)
@@ -423,9 +426,16 @@ def apply_profile(spec: EngineSpec, root: Path, overlays: Path) -> tuple[EngineS
     """
     if not spec.profile:
         return spec, []
-    from vramgate.profiles import build_overlay, find_profile
+    from vramgate.profiles import find_profile
 
-    profile = find_profile(root, spec.profile)
+    return apply_loaded_profile(spec, find_profile(root, spec.profile), overlays)
+
+
+def apply_loaded_profile(spec: EngineSpec, profile: Profile, overlays: Path) -> tuple[EngineSpec, list[Path]]:
+    """:func:`apply_profile` with a profile already loaded, from anywhere (a calibration plant that ships with the
+    gate, not under a project's ``patches/``)."""
+    from vramgate.profiles import build_overlay
+
     if profile.checkpoint and "model" not in spec.engine_args:
         raise SpecError(
             f"profile {profile.name} serves a {profile.checkpoint.format} checkpoint (group size "

@@ -8,7 +8,8 @@ measured (``calibration.json``, ``calibration.md``):
   preemptions, weight bytes, ...) checked against the first run's with the
   gate's own :func:`~vramgate.core.checks.check_baseline`; then planted
   regressions, which the checks must all catch: one more KV block per request
-  (the profile ``calibrate-extra-kv-block``, a diff to vLLM's KV cache manager)
+  (the plant ``calibrate-extra-kv-block``, a diff to vLLM's KV cache manager that ships with the gate in
+  :data:`PLANTS`, not under a project's ``patches/``: it is no optimization to judge)
   and +1% weight bytes (Note [planted weight bytes] in the engine worker).
 * Measured metrics: paired engines (Note [paired latency]) on unchanged code
   (reference vs an identical candidate) and with a planted delay of +5% and
@@ -242,9 +243,13 @@ class ExactFigures:
                             for k, v in self.planted.items()}}
 
 
-#: Planted exact regressions: name -> (spec changes, the metric that must catch it).
+#: The calibration's own plants: profiles (a manifest and its diffs) the campaign applies by name from this folder.
+PLANTS = Path(__file__).parent / "plants"
+
+#: Planted exact regressions: name -> (spec changes, the metric that must catch it); a change ``plant`` names a
+#: profile of :data:`PLANTS`.
 PLANTED_EXACT: dict[str, tuple[dict[str, Any], str]] = {
-    "one more KV block per request": ({"profile": "calibrate-extra-kv-block"}, "peak_blocks_in_use"),
+    "one more KV block per request": ({"plant": "calibrate-extra-kv-block"}, "peak_blocks_in_use"),
     "+1% weight bytes": ({"env": {"VRAMGATE_PLANT_WEIGHT_BYTES": "0.01"}}, "weights_bytes"),
 }
 
@@ -281,8 +286,9 @@ class Campaign:
 
 def run_campaign(root: Path, out: Path, campaign: Campaign, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the campaign on this machine's engine; write ``calibration.json`` and ``calibration.md`` into *out*."""
-    from vramgate.engine import apply_profile, latency_spec, run_engine
+    from vramgate.engine import apply_loaded_profile, latency_spec, run_engine
     from vramgate.engine.paired import PairedEngines, PairedResult, round_stat
+    from vramgate.profiles import load_profile
 
     out.mkdir(parents=True, exist_ok=True)
     spec = latency_spec(campaign.model)
@@ -301,7 +307,9 @@ def run_campaign(root: Path, out: Path, campaign: Campaign, log: Callable[[str],
                 f"{sorted(res.ratios('tpot'))[len(res.a) // 2]:.3f} ({time.time() - started:.0f} s)")
 
     def engine_run(label: str, changes: dict[str, Any]) -> dict[str, Any]:
-        resolved, paths = apply_profile(exact_run_spec(campaign.model).replace(**changes), root, out / "overlays")
+        exact = exact_run_spec(campaign.model).replace(**{k: v for k, v in changes.items() if k != "plant"})
+        plant = [load_profile(PLANTS / changes["plant"])] if "plant" in changes else []
+        resolved, paths = apply_loaded_profile(exact, plant[0], out / "overlays") if plant else (exact, [])
         result = run_engine(resolved, root, out / "runs" / f"exact-{_slug(label)}", extra_pythonpath=paths,
                             cache_root=out / "vllm-cache")
         log(f"calibrate: exact run {label} done ({time.time() - started:.0f} s)")
