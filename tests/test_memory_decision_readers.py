@@ -169,3 +169,42 @@ def test_reading_a_frozen_heap_runs_no_collection(frozen_heap: None) -> None:
     finally:
         gc.callbacks.remove(callback)
     assert collections == [] and not gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_the_cpu_worker_keeps_the_file_backed_part_of_the_rss_it_sized_the_kv_cache_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [file-backed RSS]: on CPU the hooks wrap ``CPUWorker.determine_available_memory`` (once), which returns
+    what vLLM gave the KV cache unchanged and leaves the worker's ``RssFile`` as the method returns; the rank's side
+    of the decision carries it, and the decision's own non-KV memory is the rest."""
+    from vramgate.engine import memory_decision as md
+    from vramgate.machine.probes import cpu
+
+    class CPUWorker:
+        requested_cpu_memory = 2 * GIB
+
+        def determine_available_memory(self) -> int:
+            return GIB + GIB // 4
+
+    fake_modules(monkeypatch, {"torch": {"cuda": SimpleNamespace(is_available=lambda: False)},
+                               "vllm.v1.worker.cpu_worker": {"CPUWorker": CPUWorker}})
+    monkeypatch.setattr(cpu, "file_rss_bytes", lambda pid=None: 200 << 20)
+    md.install_hooks()
+    md.install_hooks()  # idempotent: one wrapper, not two
+    worker = CPUWorker()
+    assert md.worker_memory_decision(worker)["rss_file_bytes"] is None  # not sized yet
+    assert worker.determine_available_memory() == GIB + GIB // 4
+    rank = md.worker_memory_decision(worker)
+    assert rank == {"tier": "cpu", "requested_bytes": 2 * GIB, "rss_file_bytes": 200 << 20}
+    core = SimpleNamespace(available_gpu_memory_for_kv_cache=GIB + GIB // 4)
+    cache = SimpleNamespace(gpu_memory_utilization=0.085, num_gpu_blocks=100, kv_cache_size_tokens=3200,
+                            kv_cache_max_concurrency=1.5)
+    decision = md.decide(core, cache, SimpleNamespace(max_model_len=2048), [rank], None)
+    assert decision.non_kv_bytes == 3 * GIB // 4 and decision.non_kv_own_bytes == 3 * GIB // 4 - (200 << 20)
+    assert md.MemoryDecision.from_json(decision.to_json()) == decision
+
+
+def test_the_file_backed_rss_is_this_processs_mapped_files() -> None:
+    """``RssFile``: more than nothing (the interpreter's own mapped files), less than the whole resident set."""
+    from vramgate.machine.probes.cpu import file_rss_bytes, rss_bytes
+
+    assert 0 < file_rss_bytes() < rss_bytes()

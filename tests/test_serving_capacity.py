@@ -2,7 +2,8 @@
 
 A project with the real suite, the tiny-llama config and one serving entry records its baselines unpatched, then
 runs again with ``--gate-profile plant-warmup-buffer`` (tests/data/profiles: vLLM's CPU warm-up keeps 128 MiB):
-the automatic KV cache is 128 MiB smaller and the test fails naming the KV cache's size and the non-KV memory.
+the automatic KV cache is 128 MiB smaller and the test fails naming the worker's own non-KV memory (the KV cache's
+size is held to the matrix's budgets only on CPU: Note [file-backed RSS] in vramgate.engine.memory_decision).
 Needs vLLM (the cpu-full env runs it); about two minutes, the engine's compiled warm-up twice.
 """
 
@@ -60,12 +61,11 @@ def _metric(report: Path, name: str) -> dict[str, object]:
 
 def test_a_kept_warm_up_buffer_fails_the_serving_capacity_test(project: pytest.Pytester) -> None:
     args = ("-p", "no:cacheprovider", "suites")
-    project.runpytest_subprocess(*args, "--gate-update").assert_outcomes(passed=1)
+    project.runpytest_subprocess(*args, "--gate-update", "--gate-report", "before").assert_outcomes(passed=1)
     result = project.runpytest_subprocess(*args, "--gate-profile", "plant-warmup-buffer", "--gate-report", "out")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert re.search(r"kv_cache_bytes: now .*, baseline .*: -\d+\.\d+% \(-1\d\d\.\d\d MiB\), regressed", out), out
-    assert re.search(r"non_kv_bytes: now .*, baseline .*: \+\d+\.\d+% \(\+1\d\d\.\d\d MiB\), regressed", out), out
-    kv = _metric(project.path / "out" / "report.json", "kv_cache_bytes")
-    drop = kv["baseline"]["value"] - kv["now"]["value"]  # type: ignore[index, operator]
+    assert re.search(r"non_kv_own_bytes: now .*, baseline .*: \+\d+\.\d+% \(\+1\d\d\.\d\d MiB\), regressed", out), out
+    values = [_metric(project.path / run / "report.json", "kv_cache_bytes")["now"] for run in ("before", "out")]
+    drop = values[0]["value"] - values[1]["value"]  # type: ignore[index, operator]
     assert abs(drop - PLANT) <= SPREAD, f"the KV cache shrank by {drop:.0f} B, the plant keeps {PLANT} B"

@@ -62,6 +62,29 @@ def test_gate_profiles_parametrizes_by_the_projects_profiles(pytester: pytest.Py
     assert "c-elsewhere" not in result.stdout.str()
 
 
+def test_gate_profiles_marks_the_cases_its_nightly_argument_names(pytester: pytest.Pytester) -> None:
+    """``nightly=`` gives a profile's case the gate_nightly mark with its reason: the pre-merge set (``-m "not
+    gate_nightly"``) leaves that case out and keeps the others; the full gate runs them all."""
+    write_profile(pytester, "a-first", ["block_manager"], 'attention_backend = "TRITON_MLA"')
+    write_profile(pytester, "b-second", ["block_manager"], 'kv_cache_dtype = "fp8"')
+    pytester.makeconftest('pytest_plugins = ["vramgate.testing.fixtures"]')
+    pytester.makepyfile(test_nightly=textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.gate_profiles(reference="unpatched",
+                                   nightly=lambda p: "its backend" if "attention_backend" in p.engine_args else None)
+        def test_one(profile, request):
+            mark = request.node.get_closest_marker("gate_nightly")
+            wanted = ("its backend",) if profile and profile.name == "a-first" else None
+            assert (mark.args if mark else None) == wanted
+    """))
+    full = pytester.runpytest("-q", "-p", "no:cacheprovider", "-p", "no:vramgate")
+    full.assert_outcomes(passed=3)
+    pre_merge = pytester.runpytest("-q", "-p", "no:cacheprovider", "-p", "no:vramgate", "-m", "not gate_nightly",
+                                   "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    pre_merge.assert_outcomes(passed=2, deselected=1)
+
+
 def test_gate_profiles_rejects_bad_arguments(pytester: pytest.Pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["vramgate.testing.fixtures"]')
     pytester.makepyfile(test_misspelt="""

@@ -28,6 +28,7 @@ from vramgate import Gate
 from vramgate.testing import Engine, ModelLoader
 from vramgate.testing.engines import TRACE_ENV, capacity_probe_spec, capacity_spec, engine_tier
 from vramgate.testing.profiles import DIFF_LINES_PROPERTY, Profile, runnable_candidate, skip_unmet, unpatched
+from vramgate.testing.quantization import Checkpoints
 
 #: The recall model of the check: its judging prompts are the load. The answers check judges the same runs
 #: (suites/answers/test_profile_answers.py, pre-merge): one engine start, two checks.
@@ -37,16 +38,21 @@ ARCH = "llama-gqa"
 PEAK_CEILING = 1.2
 
 
+def _quantized(profile: Profile) -> str | None:
+    """A quantized profile's case runs nightly: it writes its checkpoint of the recall model first, and its answers
+    are the quantization suite's (suites/quantization/test_accuracy.py, pre-merge)."""
+    return "a quantized profile's capacity: its checkpoint of the recall model is written first, and the " \
+        "quantization suite judges its answers pre-merge" if profile.checkpoint is not None else None
+
+
 @pytest.mark.gate_judges("capacity")
-@pytest.mark.gate_profiles(reference="unpatched")
+@pytest.mark.gate_profiles(reference="unpatched", nightly=_quantized)
 def test_profile_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader, profile: Profile | None,
                           request: pytest.FixtureRequest) -> None:
     """The KV cache vLLM gives itself with the profile at the capacity configuration, filled by the judging prompts:
-    the engine's peak held to the requested memory."""
+    the engine's peak held to the requested memory. A quantized profile loads the recall model quantized as its
+    checkpoint (nightly)."""
     skip_unmet(profile)
-    if profile is not None and profile.checkpoint is not None:
-        pytest.skip(f"profile {profile.name} quantizes the model: the quantization suite judges its KV capacity on "
-                    "its own checkpoint (suites/quantization/test_kv_capacity.py)")
     # the probe and the reference are unpatched whatever the session applies (Note [the unpatched reference] in
     # vramgate.engine.spec); the case without a profile is the session's engine (the same run without --gate-profile)
     probe = engine.run(unpatched(capacity_probe_spec(ARCH)))
@@ -56,6 +62,9 @@ def test_profile_capacity(gate: Gate, engine: Engine, model_shape: ModelLoader, 
         result = engine.run(spec)
     else:
         candidate = runnable_candidate(spec, profile, model_shape(spec.model).use_mla)
+        if profile.checkpoint is not None:  # the checkpoints fixture needs torch: asked for only here
+            checkpoints: Checkpoints = request.getfixturevalue("checkpoints")
+            candidate = checkpoints.serve(candidate, profile)
         result = engine.run(candidate.replace(env={**candidate.env, TRACE_ENV: "1"}))
     d = result.decision
     assert d is not None and d.load_peak_bytes is not None, "the run has no memory decision of vLLM's"

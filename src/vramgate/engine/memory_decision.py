@@ -18,7 +18,9 @@ the matrix) passes no ``kv_cache_memory_bytes``, so vLLM 0.32.0 sizes the KV cac
   needs V1 (``VllmConfig.use_v2_model_runner``); the V2 estimate runs the same ``capture_model`` once before,
   with ``profile_only=True``, into a throwaway pool.
 * CPU (``v1/worker/cpu_worker.py``): ``requested_cpu_memory`` (the NUMA node's total x the same
-  ``gpu_memory_utilization``) minus the worker's RSS after its warm-up (``warming_up_model``).
+  ``gpu_memory_utilization``) minus the worker's RSS after its warm-up (``warming_up_model``). The gate splits that
+  RSS, as vLLM leaves ``determine_available_memory``, into the worker's own memory and its file-backed pages (Note
+  [file-backed RSS]).
 
 Both end in the engine core's ``available_gpu_memory_for_kv_cache`` and the cache config's
 ``num_gpu_blocks``, ``kv_cache_size_tokens`` and ``kv_cache_max_concurrency``: those are read after start-up,
@@ -36,6 +38,18 @@ what vLLM's budget counts: on GPU what the engine took since its init snapshot, 
 On CPU the team's utilization is a fraction of the machine's memory, which differs between machines of one
 hardware key; a serving configuration gives the requested memory in bytes (``cpu_memory``) and the worker turns
 it into the fraction of this node (:func:`cpu_utilization`), so the figures compare across such machines.
+
+Note [file-backed RSS]: the RSS vLLM's CPU worker subtracts counts the pages of torch's and vLLM's libraries the
+worker has mapped, and how many of those are resident after the same imports and warm-up depends on the page cache,
+not on the engine: files written shortly before (a fresh install) sit in the page cache in large folios, and a page
+fault maps the whole folio. The same worker read 918 MiB of non-KV memory in a freshly installed environment and
+765-775 MiB in one whose files had been read back from disk; its anonymous memory was the same in both, the whole
+difference was file-backed (torch and vLLM imported alone: 318 against 184 MiB of file pages, and 184 again once
+the fresh files' cached pages were dropped). So a KV cache size that vLLM derives from that RSS moves with the
+machine's history, and the serving-capacity suite judges the part that does not: the non-KV memory less its
+file-backed pages (:attr:`MemoryDecision.non_kv_own_bytes`), with the file-backed pages and the KV cache vLLM gave
+recorded beside it. The file-backed part is read from ``/proc/self/status`` (``RssFile``) as the worker leaves
+``determine_available_memory``, milliseconds after vLLM's reading (:func:`install_hooks`).
 
 Nothing here imports vLLM at module level; the functions that run inside vLLM's workers import what they read.
 """
@@ -97,6 +111,8 @@ class MemoryDecision:
     """Whether vLLM took the estimate from the KV cache: the flag on and an estimate above 0."""
     cudagraph_bytes: int | None = None
     """The CUDA graph pool after capture (``capture_model``'s result); None where no graphs were captured."""
+    rss_file_bytes: int | None = None
+    """CPU: the file-backed part of the worker's RSS as vLLM read it (Note [file-backed RSS]); None on a GPU."""
     load_peak_bytes: int | None = None
     """The peak during the run's load of the engine's memory as vLLM's budget counts it (:func:`worker_load_peak`),
     the highest rank's: on CPU the engine process's peak RSS; on GPU what the engine took since vLLM's init snapshot,
@@ -108,6 +124,12 @@ class MemoryDecision:
         if not self.cudagraph_bytes or self.cudagraph_estimate_bytes is None:
             return None
         return (self.cudagraph_estimate_bytes - self.cudagraph_bytes) / self.cudagraph_bytes
+
+    @property
+    def non_kv_own_bytes(self) -> int | None:
+        """CPU: the non-KV memory less its file-backed pages: the worker's own memory, which the page cache's state
+        does not move (Note [file-backed RSS]); None where the split was not read (a GPU)."""
+        return None if self.rss_file_bytes is None else self.non_kv_bytes - self.rss_file_bytes
 
     @property
     def load_peak_fraction(self) -> float | None:
@@ -152,12 +174,14 @@ def install_hooks() -> None:
     memory profiling result (``gpu_worker._vramgate_last_profile``) and the CUDA graph pool ``capture_model`` returns
     (the runner's ``_vramgate_cudagraph_bytes``), on both model runners (:data:`RUNNER_MODULES`, those that exist):
     the worker builds one of them. Only the real capture is kept: the V2 runner's estimate runs the same method
-    with ``profile_only=True`` into a throwaway pool. Idempotent; nothing on CPU, whose worker has neither."""
+    with ``profile_only=True`` into a throwaway pool. On CPU: the file-backed part of the RSS the worker sized the
+    KV cache from (``_vramgate_rss_file_bytes``, Note [file-backed RSS]). Idempotent."""
     import importlib
 
     import torch
 
     if not torch.cuda.is_available():
+        _hook_cpu_worker()
         return
     from vllm.v1.worker import gpu_worker
 
@@ -182,6 +206,26 @@ def install_hooks() -> None:
             runner._vramgate_hooked = True
 
 
+def _hook_cpu_worker() -> None:
+    """Keep on vLLM's CPU worker the file-backed part of its RSS as ``determine_available_memory`` returns (Note
+    [file-backed RSS])."""
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    from vramgate.machine.probes.cpu import file_rss_bytes
+
+    if vars(CPUWorker).get("_vramgate_hooked", False):
+        return
+    determine = CPUWorker.determine_available_memory
+
+    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        available = determine(self, *args, **kwargs)
+        self._vramgate_rss_file_bytes = file_rss_bytes()
+        return available
+
+    CPUWorker.determine_available_memory = determine_available_memory
+    CPUWorker._vramgate_hooked = True
+
+
 def _recording_capture(capture: Any) -> Any:
     """*capture* (a runner's ``capture_model``), keeping on the runner the pool its real capture returns."""
 
@@ -200,7 +244,8 @@ def worker_memory_decision(worker: Any) -> dict[str, Any]:
     import torch
 
     if not torch.cuda.is_available():  # the node's memory: what the requested memory is the fraction of (decide)
-        return {"tier": "cpu", "requested_bytes": int(worker.requested_cpu_memory)}
+        return {"tier": "cpu", "requested_bytes": int(worker.requested_cpu_memory),
+                "rss_file_bytes": getattr(worker, "_vramgate_rss_file_bytes", None)}
     from vllm import envs
     from vllm.v1.worker import gpu_worker
 
@@ -296,5 +341,6 @@ def decide(core: Any, cache: Any, model_config: Any, ranks: Sequence[Mapping[str
         non_torch_increase_bytes=rank.get("non_torch_increase"),
         cudagraph_estimate_bytes=rank.get("cudagraph_estimate_bytes"),
         cudagraph_estimate_applied=rank.get("cudagraph_estimate_applied"),
-        cudagraph_bytes=rank.get("cudagraph_bytes"), load_peak_bytes=load_peak,
+        cudagraph_bytes=rank.get("cudagraph_bytes"), rss_file_bytes=rank.get("rss_file_bytes"),
+        load_peak_bytes=load_peak,
     )

@@ -55,28 +55,34 @@ ARGNAME = "profile"
 
 
 #: The mark's line in ``pytest --markers``.
-MARKER_HELP = ("gate_profiles(suite=None, *, reference=None, where=None): parametrize argument 'profile' by the "
-               "optimization profiles of SUITE (default: all), each with its name as id; REFERENCE adds a first "
-               "case, None (the unpatched run), with that id; WHERE keeps the profiles it accepts")
+MARKER_HELP = ("gate_profiles(suite=None, *, reference=None, where=None, nightly=None): parametrize argument "
+               "'profile' by the optimization profiles of SUITE (default: all), each with its name as id; REFERENCE "
+               "adds a first case, None (the unpatched run), with that id; WHERE keeps the profiles it accepts; "
+               "NIGHTLY(profile) gives the reason a profile's case runs in the full gate only (gate_nightly), or None")
 
 
 def mark_arguments(suite: str | None = None, *, reference: str | None = None,
-                   where: Callable[[Profile], bool] | None = None
-                   ) -> tuple[str | None, str | None, Callable[[Profile], bool] | None]:
+                   where: Callable[[Profile], bool] | None = None,
+                   nightly: Callable[[Profile], str | None] | None = None
+                   ) -> tuple[str | None, str | None, Callable[[Profile], bool] | None,
+                              Callable[[Profile], str | None] | None]:
     """The ``gate_profiles`` mark's signature: its arguments, defaults filled in."""
-    return suite, reference, where
+    return suite, reference, where, nightly
 
 
 def profile_params(root: Path, mark: pytest.Mark, nodeid: str) -> list[Any]:
     """The parameters of a test marked ``gate_profiles``, read from the profiles under *root*."""
     try:
-        suite, reference, where = mark_arguments(*mark.args, **mark.kwargs)
+        suite, reference, where, nightly = mark_arguments(*mark.args, **mark.kwargs)
     except TypeError as exc:
         raise pytest.UsageError(f"{nodeid}: bad arguments to marker gate_profiles: {exc}") from None
     profiles = load_profiles(root) if suite is None else profiles_for_suite(root, suite)
     # The reference run is what every profile's test compares with (Note [longest first] in vramgate.store.durations).
     params = [pytest.param(None, id=reference, marks=pytest.mark.gate_reference)] if reference is not None else []
-    params += [pytest.param(p, id=p.name) for p in profiles if where is None or where(p)]
+    for p in profiles:
+        if where is None or where(p):
+            reason = nightly(p) if nightly is not None else None
+            params.append(pytest.param(p, id=p.name, marks=[pytest.mark.gate_nightly(reason)] if reason else []))
     return params
 
 

@@ -142,20 +142,31 @@ class Checkpoints:
         ck = checkpoint_of(profile)
         return self.get(ck.format, ck.group_size)
 
-    def recall(self, scheme: str, group_size: int = 128) -> Checkpoint:
-        """:data:`RECALL_MODEL` quantized in *scheme* (``awq``, ``gptq``, ``w4a16``) at *group_size*, with its
-        ``recall.json`` (Note [quantized recall] in :mod:`vramgate.models.checkpoints`); written once per session."""
+    def recall(self, scheme: str, group_size: int = 128, model: str = RECALL_MODEL) -> Checkpoint:
+        """The recall model *model* (default :data:`RECALL_MODEL`) quantized in *scheme* (``awq``, ``gptq``,
+        ``w4a16``) at *group_size*, with its ``recall.json`` (Note [quantized recall] in
+        :mod:`vramgate.models.checkpoints`); written once per session."""
         from vramgate.models.checkpoints import write_recall_checkpoint
 
-        key = (f"{RECALL_MODEL}-{scheme}", group_size)
+        key = (f"{model}-{scheme}", group_size)
         if scheme == "w4a16":
             pytest.importorskip("compressed_tensors", reason="W4A16 checkpoints are written by compressed-tensors")
         if key not in self._made:
-            where = f"fixtures/models/{RECALL_MODEL}"
+            where = f"fixtures/models/{model}"
             self._made[key] = write_recall_checkpoint(self.root / where, scheme,
-                                                      self.folder / f"{RECALL_MODEL}-{scheme}-g{group_size}",
+                                                      self.folder / f"{model}-{scheme}-g{group_size}",
                                                       group_size=group_size, where=where)
         return self._made[key]
+
+    def serve(self, spec: EngineSpec, profile: Profile) -> EngineSpec:
+        """*spec* (a recall model's) loading that model quantized as *profile*'s checkpoint (engine argument
+        ``model`` = the folder, ``load_format = "safetensors"``, as :meth:`QuantRuns.accuracy_spec`), with the
+        profile applied (:func:`~vramgate.testing.profiles.runnable_candidate` first: it skips where this machine's
+        vLLM lacks the 4-bit kernel, before the checkpoint is written)."""
+        ck = checkpoint_of(profile)
+        folder = self.recall(ck.format, ck.group_size, model=spec.model).path
+        return spec.replace(profile=profile.name, engine_args={**spec.engine_args, "model": str(folder),
+                                                               "load_format": "safetensors"})
 
 
 class QuantRuns:

@@ -27,6 +27,13 @@ def rss_bytes(pid: int | None = None) -> int:
     return _status_kib(pid or os.getpid(), "VmRSS") * 1024
 
 
+def file_rss_bytes(pid: int | None = None) -> int:
+    """The file-backed part of *pid*'s resident set (``RssFile``: mapped pages of its executable, libraries and other
+    files) in bytes. How much of a library is resident after the same code ran depends on the page cache's state,
+    not on the process (Note [file-backed RSS] in :mod:`vramgate.engine.memory_decision`)."""
+    return _status_kib(pid or os.getpid(), "RssFile") * 1024
+
+
 def peak_rss_bytes(pid: int | None = None) -> int:
     """Peak resident set size (``VmHWM``) of *pid* in bytes since start or the last reset."""
     return _status_kib(pid or os.getpid(), "VmHWM") * 1024
