@@ -120,6 +120,16 @@ def _client_result(n: int = 4, *, failed: int = 0) -> dict[str, object]:
     return data
 
 
+def test_a_request_whose_tokens_came_together_is_counted_in_one_piece() -> None:
+    """Note [streams in one piece]: a first token after 90% of the request's whole latency is a stream the client
+    read whole; a one-token answer (first token = whole latency by nature) and a failed request are not counted."""
+    data = _client_result(5, failed=1)
+    data["ttfts"] = [0.9, 0.45, 0.449, 0.05, 0.5]  # the first is the failed one's
+    data["latencies"] = [1.0, 0.5, 0.5, 0.5, 0.5]
+    data["output_lens"] = [32, 32, 32, 32, 1]
+    assert LoadResult.from_client(Load(num_prompts=5), data, "x").in_one_piece() == 1
+
+
 def test_the_clients_result_is_read_into_seconds_and_per_request_figures() -> None:
     r = LoadResult.from_client(Load(num_prompts=4), _client_result(), "load-000.json")
     assert r.percentiles["ttft"][99] == pytest.approx(0.099) and r.median("tpot") == pytest.approx(0.05)

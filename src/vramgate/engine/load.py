@@ -36,6 +36,9 @@ SAMPLE_EVERY_S = 0.2
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 #: The percentiles the client reports (``--metric-percentiles``).
 PERCENTILES = (50, 90, 99)
+#: A request whose first token reached the client after this share of its whole latency came in one piece (Note
+#: [streams in one piece]).
+ONE_PIECE = 0.9
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,19 @@ class LoadResult:
     def median(self, latency: str) -> float:
         """The client's median *latency* (``ttft``, ``tpot``, ``itl``, ``e2el``) in s."""
         return self.percentiles[latency][50]
+
+    def in_one_piece(self) -> int:
+        """How many of the successful requests of more than one output token reached the client in one piece: their
+        first token after :data:`ONE_PIECE` of their whole latency.
+
+        Note [streams in one piece]: vLLM's benchmark client stamps each SSE message as it reads it. On 2 cores the
+        client's reads can fall behind a stream (likely, not measured: vLLM's CPU worker and its engine core spin on
+        their shared-memory queue between steps, as ``shm_broadcast``'s readers busy-loop for a second after each
+        read): it then reads a request's tokens together, its TTFT becomes nearly its whole latency and its TPOT a
+        few microseconds. Such figures time the client, not the server; the end-to-end latency still times the
+        request. What a nightly run measured at two request rates: docs/online-serving.md, "Streams in one piece"."""
+        return sum(1 for t, e, n in zip(self.ttft_s, self.e2el_s, self.output_lens, strict=True)
+                   if n > 1 and t >= ONE_PIECE * e)
 
     @classmethod
     def from_client(cls, load: Load, data: dict[str, Any], where: str) -> LoadResult:

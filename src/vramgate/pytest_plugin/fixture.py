@@ -124,12 +124,14 @@ class Gate:
         floor: float | None = None,
         tolerance: float | None = None,
         scope: Scope | None = None,
+        history: bool = True,
     ) -> Metric:
         """Record a measured metric from repeated samples (its value is their median).
 
         Budgets apply to the median. Against the baseline the samples are
         compared by the rule in :mod:`vramgate.core.stats` (default tolerance 5%).
-        Measured metrics are machine-bound unless ``scope="portable"``.
+        Measured metrics are machine-bound unless ``scope="portable"``. ``history=False`` holds them to their
+        budgets only, as :meth:`record`.
         """
         values = [float(s) for s in samples]
         if len(values) < 2:
@@ -137,7 +139,7 @@ class Gate:
         return self._add(
             Metric(
                 name, median(values), unit, "measured", better,
-                ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values, scope=scope,
+                ceiling=ceiling, floor=floor, tolerance=tolerance, samples=values, scope=scope, history=history,
             )
         )
 

@@ -21,13 +21,14 @@ import pytest
 
 from vramgate.engine import EngineSpec, UnsupportedHere, with_session_profile
 from vramgate.engine.leak import WarmUp, device_memory_slope, memory_slope, paired_slope
-from vramgate.engine.load import Load, LoadRun, run_loads, run_plan
+from vramgate.engine.load import ONE_PIECE, Load, LoadRun, run_loads, run_plan
 from vramgate.engine.paired_load import PairedBursts, paired_settings, run_paired_bursts
 from vramgate.engine.server import ApiServer, ServerError
 from vramgate.matrix import Entry, ServingLoad
 from vramgate.runtime import process, quiet
 
 __all__ = [
+    "ONE_PIECE",
     "LoadRun",
     "Servers",
     "ServingLoad",
