@@ -6,7 +6,8 @@
 the client's figures (its percentiles, throughput, goodput, failures, and per request: TTFT, TPOT, E2E, start),
 read from the result the client's ``main`` returned. A load may begin with a warm-up that runs until the
 server's memory has settled (:class:`~vramgate.engine.leak.WarmUp`, Note [settled warm-up] in
-:mod:`vramgate.engine.leak`, which also fits the memory samples).
+:mod:`vramgate.engine.leak`, which also fits the memory samples). Longer than 400 lines: a load's whole path (its
+command line, the client's result, the memory sampled beside it and the warm-up that steers it) reads in one place.
 """
 
 from __future__ import annotations
