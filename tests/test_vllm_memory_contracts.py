@@ -117,7 +117,9 @@ def test_cache_config_holds_the_capacity_figures(vllm_src: Path) -> None:
 
 def test_cpu_worker_sizes_the_kv_cache_from_its_rss_after_warm_up(vllm_src: Path) -> None:
     """worker_memory_decision reads CPUWorker.requested_cpu_memory; the plant (tests/data/profiles) patches
-    CPUModelRunner.warming_up_model, which determine_available_memory runs before it reads the RSS."""
+    CPUModelRunner.warming_up_model, which determine_available_memory runs before it reads the RSS; the memory hooks
+    wrap determine_available_memory, a method of CPUWorker's own, to read the RSS's file-backed part as it returns
+    (Note [file-backed RSS] in vramgate.engine.memory_decision)."""
     worker = cls(module(vllm_src, "v1/worker/cpu_worker.py"), "CPUWorker")
     assert "requested_cpu_memory" in self_assigned(method(worker, "__init__"))
     decide = method(worker, "determine_available_memory")
