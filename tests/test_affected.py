@@ -325,3 +325,15 @@ def test_a_change_to_the_built_in_default_keeps_its_changed_entries_cases() -> N
     moved = text.replace('model = "tiny-llama"\ntier = "cpu"\nblock_size = 32\n', 'model = "tiny-llama"\n'
                          'tier = "cpu"\nblock_size = 64\n', 1)
     assert moved != text and not found.unchanged(SimpleNamespace(at_base=lambda rel: moved))  # type: ignore[arg-type]
+
+
+def test_the_time_line_counts_an_unlisted_test_as_the_durations_files_floor() -> None:
+    """The share of the set's time ``--gate-affected`` kept counts a test the durations file does not list as the
+    workers' dealing does (half a second: the file leaves out shorter tests), not as a typical listed test: forty
+    unlisted quick tests beside two long ones are 20 s, not forty times the long ones' median."""
+    from vramgate.pytest_plugin.affected import Decision, Selection
+
+    decisions = [Decision("t::long_a", True, "its profile changed"), Decision("t::long_b", False, "unchanged")]
+    decisions += [Decision(f"t::quick_{i}", False, "unchanged") for i in range(40)]
+    line = Selection("main", "abc", None, decisions).time_line({"t::long_a": 60.0, "t::long_b": 100.0})
+    assert line == "the kept tests took 60 s of the 180 s the whole set took when measured (33%)"

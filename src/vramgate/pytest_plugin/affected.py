@@ -30,6 +30,7 @@ import pytest
 
 from vramgate.store.baselines import BaselineError, parse_baseline
 from vramgate.store.changes import ChangeSet, reach
+from vramgate.store.durations import UNKNOWN_S
 
 if TYPE_CHECKING:
     from vramgate.pytest_plugin.session import GateSession
@@ -98,12 +99,11 @@ class Selection:
         return affected_line(AffectedFacts(self.to_json())) or ""
 
     def time_line(self, durations: dict[str, float]) -> str:
-        """What the kept tests took of the whole set's time, by the measured seconds in *durations* (a test not
-        measured counts as the median of those that were)."""
-        known = sorted(durations.values())
-        median = known[len(known) // 2] if known else 0.0
-        whole = sum(durations.get(d.nodeid, median) for d in self.decisions)
-        kept = sum(durations.get(d.nodeid, median) for d in self.decisions if d.kept)
+        """What the kept tests took of the whole set's time, by the measured seconds in *durations* (a test the file
+        does not list counts as :data:`~vramgate.store.durations.UNKNOWN_S`, as when the workers are dealt: the file
+        leaves out the tests under half a second)."""
+        whole = sum(durations.get(d.nodeid, UNKNOWN_S) for d in self.decisions)
+        kept = sum(durations.get(d.nodeid, UNKNOWN_S) for d in self.decisions if d.kept)
         share = f" ({kept / whole:.0%})" if whole > 0 else ""
         return f"the kept tests took {kept:.0f} s of the {whole:.0f} s the whole set took when measured{share}"
 
