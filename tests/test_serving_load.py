@@ -181,13 +181,27 @@ def test_the_warm_up_settles_when_a_chunk_rises_by_little() -> None:
     assert chunk_level(samples, 10.0, 12.0) is None
 
 
-def _bursts(ref: list[float], cand: list[float]) -> PairedBursts:
-    def result(v: float) -> LoadResult:
+def _bursts(ref: list[float], cand: list[float], *, one_piece: int = 0) -> PairedBursts:
+    """Bursts of four requests of 32 tokens whose TPOT is each value; the first *one_piece* requests of every
+    candidate burst reached the client in one piece (their tokens together, at the end)."""
+    def result(v: float, whole: int = 0) -> LoadResult:
         data = _client_result()
-        data.update({"p50_tpot_ms": v * 1e3, "p50_ttft_ms": v * 1e3})
+        ttfts = [0.01 * (i + 1) for i in range(4)]
+        latencies = [t + 31 * v for t in ttfts]
+        ttfts = [lat - 1e-5 if i < whole else t for i, (t, lat) in enumerate(zip(ttfts, latencies, strict=True))]
+        data.update({"p50_tpot_ms": v * 1e3, "p50_ttft_ms": v * 1e3, "latencies": latencies, "ttfts": ttfts})
         return LoadResult.from_client(Load(), data, "x")
 
-    return PairedBursts([result(v) for v in ref], [result(v) for v in cand], ["ab"] * len(ref))
+    return PairedBursts([result(v) for v in ref], [result(v, one_piece) for v in cand], ["ab"] * len(ref))
+
+
+def test_a_bursts_tpot_is_the_median_of_the_requests_that_streamed() -> None:
+    """Note [streams in one piece]: requests the client read whole leave the burst's TPOT; a round where every
+    request of either side came in one piece leaves both sides' lists."""
+    three = _bursts([0.010, 0.012], [0.011, 0.013], one_piece=3)
+    assert three.medians("tpot") == (pytest.approx([0.010, 0.012]), pytest.approx([0.011, 0.013]))
+    assert _bursts([0.010, 0.012], [0.011, 0.013], one_piece=4).medians("tpot") == ([], [])
+    assert _bursts([0.010], [0.011], one_piece=4).medians("ttft") == ([0.010], [0.011])
 
 
 def test_the_paired_check_under_load_looks_twice_before_it_fails() -> None:

@@ -158,6 +158,12 @@ class LoadResult:
         """The client's median *latency* (``ttft``, ``tpot``, ``itl``, ``e2el``) in s."""
         return self.percentiles[latency][50]
 
+    def streamed_tpot(self) -> list[float]:
+        """The TPOT of each successful request of more than one output token that did not reach the client in one
+        piece (Note [streams in one piece]): the ones whose TPOT times the server."""
+        return [(e - t) / (n - 1) for t, e, n in zip(self.ttft_s, self.e2el_s, self.output_lens, strict=True)
+                if n > 1 and t < ONE_PIECE * e]
+
     def in_one_piece(self) -> int:
         """How many of the successful requests of more than one output token reached the client in one piece: their
         first token after :data:`ONE_PIECE` of their whole latency.

@@ -11,6 +11,7 @@ candidate over reference, cancels what both saw.
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,8 +31,20 @@ class PairedBursts:
     """``"ab"`` (reference first) or ``"ba"`` per round."""
 
     def medians(self, latency: str) -> tuple[list[float], list[float]]:
-        """Each round's median *latency* of the reference and of the candidate."""
-        return [r.median(latency) for r in self.reference], [r.median(latency) for r in self.candidate]
+        """Each round's median *latency* of the reference and of the candidate. TPOT's is the median over the
+        requests the client read as they streamed (Note [streams in one piece] in :mod:`vramgate.engine.load`: a
+        request read in one piece has a TPOT of microseconds, and a burst of them a median of nothing the server
+        did); a round where either side has none is left out of both."""
+        if latency != "tpot":
+            return [r.median(latency) for r in self.reference], [r.median(latency) for r in self.candidate]
+        ref: list[float] = []
+        cand: list[float] = []
+        for a, b in zip(self.reference, self.candidate, strict=True):
+            streamed = a.streamed_tpot(), b.streamed_tpot()
+            if all(streamed):
+                ref.append(statistics.median(streamed[0]))
+                cand.append(statistics.median(streamed[1]))
+        return ref, cand
 
 
 def run_paired_bursts(reference: ApiServer, candidate: ApiServer, burst: Load, rounds: int, run_dir: Path, *,
