@@ -41,15 +41,14 @@ it into the fraction of this node (:func:`cpu_utilization`), so the figures comp
 
 Note [file-backed RSS]: the RSS vLLM's CPU worker subtracts counts the pages of torch's and vLLM's libraries the
 worker has mapped, and how many of those are resident after the same imports and warm-up depends on the page cache,
-not on the engine: files written shortly before (a fresh install) sit in the page cache in large folios, and a page
-fault maps the whole folio. The same worker read 918 MiB of non-KV memory in a freshly installed environment and
-765-775 MiB in one whose files had been read back from disk; its anonymous memory was the same in both, the whole
-difference was file-backed (torch and vLLM imported alone: 318 against 184 MiB of file pages, and 184 again once
-the fresh files' cached pages were dropped). So a KV cache size that vLLM derives from that RSS moves with the
-machine's history, and the serving-capacity suite judges the part that does not: the non-KV memory less its
-file-backed pages (:attr:`MemoryDecision.non_kv_own_bytes`), with the file-backed pages and the KV cache vLLM gave
-recorded beside it. The file-backed part is read from ``/proc/self/status`` (``RssFile``) as the worker leaves
-``determine_available_memory``, milliseconds after vLLM's reading (:func:`install_hooks`).
+not on the engine: after the library files were read or written whole (an install, a copy) a page fault maps more of
+them (likely the page cache's larger folios) than after they were faulted in page by page. The anonymous memory does
+not move. So a KV cache size that vLLM derives from that RSS moves with the machine's history, and the
+serving-capacity suite judges the part that does not: the non-KV memory less its file-backed pages
+(:attr:`MemoryDecision.non_kv_own_bytes`), with the file-backed pages and the KV cache vLLM gave recorded beside it.
+The file-backed part is read from ``/proc/self/status`` (``RssFile``) as the worker leaves
+``determine_available_memory``, milliseconds after vLLM's reading (:func:`install_hooks`). What a fresh and a
+settled environment read on one box: docs/serving.md, "The page cache moves vLLM's CPU KV cache".
 
 Nothing here imports vLLM at module level; the functions that run inside vLLM's workers import what they read.
 """
