@@ -174,8 +174,7 @@ class LoadResult:
         read): it then reads a request's tokens together, its TTFT becomes nearly its whole latency and its TPOT a
         few microseconds. Such figures time the client, not the server; the end-to-end latency still times the
         request. What a nightly run measured at two request rates: docs/online-serving.md, "Streams in one piece"."""
-        return sum(1 for t, e, n in zip(self.ttft_s, self.e2el_s, self.output_lens, strict=True)
-                   if n > 1 and t >= ONE_PIECE * e)
+        return sum(1 for n in self.output_lens if n > 1) - len(self.streamed_tpot())
 
     @classmethod
     def from_client(cls, load: Load, data: dict[str, Any], where: str) -> LoadResult:

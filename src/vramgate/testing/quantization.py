@@ -160,7 +160,7 @@ class Checkpoints:
 
     def serve(self, spec: EngineSpec, profile: Profile) -> EngineSpec:
         """*spec* (a recall model's) loading that model quantized as *profile*'s checkpoint (engine argument
-        ``model`` = the folder, ``load_format = "safetensors"``, as :meth:`QuantRuns.accuracy_spec`), with the
+        ``model`` = the folder, ``load_format = "safetensors"``: the accuracy runs' and the capacity check's), with the
         profile applied (:func:`~vramgate.testing.profiles.runnable_candidate` first: it skips where this machine's
         vLLM lacks the 4-bit kernel, before the checkpoint is written)."""
         ck = checkpoint_of(profile)
@@ -226,10 +226,7 @@ class QuantRuns:
         the profile's checkpoint (engine argument ``model`` = the folder, as :meth:`spec`); ``None``: the bf16 one."""
         if profile is None:
             return self.accuracy_reference
-        ck = checkpoint_of(profile)
-        folder = self.checkpoints.recall(ck.format, ck.group_size).path
-        return self.accuracy_reference.replace(profile=profile.name,
-                                               engine_args={"model": str(folder), "load_format": "safetensors"})
+        return self.checkpoints.serve(self.accuracy_reference, profile)
 
     def accuracy_run(self, profile: Profile | None) -> EngineResult:
         """The recall model's run with *profile*'s checkpoint, or in bf16 for ``None`` (each once per session); a
